@@ -1,0 +1,17 @@
+"""prfl_jax: personalized and Byzantine-robust federated learning in JAX.
+
+Implements Werner, He, Jordan, Jaggi and Karimireddy, "Provably Personalized
+and Robust Federated Learning" (2023): Threshold-Clustering (Algorithm 2),
+Federated-Clustering (Algorithm 1), Momentum-Clustering (Algorithm 3) and the
+baselines the paper compares against, on federations stored as stacked pytrees.
+"""
+
+from prfl_jax import tree
+from prfl_jax.clustering import assign
+from prfl_jax.clustering import masked_quantile
+from prfl_jax.clustering import quantile_radius
+from prfl_jax.clustering import QuantileRadius
+from prfl_jax.clustering import threshold_clustering
+from prfl_jax.clustering import threshold_clustering_with_info
+
+__version__ = "0.1.0"

@@ -1,0 +1,101 @@
+"""The `Algorithm(init, step)` interface shared by every method, and helpers.
+
+Like optax's `GradientTransformation`, an algorithm is a NamedTuple of two pure
+functions built by a lowercase factory that keeps hyperparameters in a closure:
+
+  state = alg.init(params, byzantine=None)   # params leaves [N, ...]
+  state, metrics = alg.step(state, batch, key)  # batch leaves [N, B, ...]
+  state.params                               # personalized models [N, ...]
+
+`metrics` is a dict of scalars (means over benign clients), so a run of rounds
+is one `lax.scan`.
+"""
+
+import numbers
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from prfl_jax import tree as tree_lib
+
+PyTree = Any
+
+
+class Algorithm(NamedTuple):
+  """A federated algorithm as a pair of pure functions."""
+  init: Callable[..., Any]
+  step: Callable[[Any, PyTree, jax.Array], tuple]
+
+
+def byzantine_mask(byzantine, num_clients: int) -> jax.Array:
+  """Validates and returns the `[N]` bool Byzantine mask (all False if None)."""
+  if byzantine is None:
+    return jnp.zeros((num_clients,), bool)
+  if np.shape(byzantine) != (num_clients,):
+    raise ValueError(
+        f"`byzantine` must be a bool mask of shape [{num_clients}], got shape "
+        f"{np.shape(byzantine)}.")
+  return jnp.asarray(byzantine, bool)
+
+
+def check_optimizer(optimizer):
+  if not isinstance(optimizer, optax.GradientTransformation):
+    raise TypeError(
+        "`optimizer` must be an optax.GradientTransformation (e.g. "
+        f"optax.sgd(0.1)), got {type(optimizer)}.")
+
+
+def check_positive_int(value, name: str, minimum: int = 1):
+  if (not isinstance(value, numbers.Integral) or isinstance(value, bool) or
+      value < minimum):
+    raise ValueError(f"`{name}` must be an integer >= {minimum}, got {value!r}.")
+
+
+def init_params(params: PyTree) -> int:
+  """Validates stacked params and returns the number of clients N."""
+  return tree_lib.num_leading(params, "params")
+
+
+def apply_updates(optimizer: optax.GradientTransformation, directions: PyTree,
+                  opt_state: PyTree, params: PyTree):
+  """Per-client optimizer step `x_i <- x_i + optimizer(v_i)` (leaves `[N, ...]`)."""
+  def one(d, s, p):
+    updates, s = optimizer.update(d, s, p)
+    return optax.apply_updates(p, updates), s
+  return jax.vmap(one)(directions, opt_state, params)
+
+
+def benign_mean(values: jax.Array, byzantine: jax.Array) -> jax.Array:
+  """Mean of `[N]` values over benign clients."""
+  w = (~byzantine).astype(values.dtype)
+  return jnp.sum(jnp.where(byzantine, 0.0, values)) / jnp.maximum(
+      jnp.sum(w), 1.0)
+
+
+def grad_norms(grads: PyTree) -> jax.Array:
+  """`[N]` l2 norms of stacked gradients."""
+  return jnp.sqrt(tree_lib.sq_norms(grads))
+
+
+def attacked(attack: Optional[Callable], messages: PyTree,
+             byzantine: jax.Array, key: jax.Array) -> PyTree:
+  """Messages after Byzantine clients apply `attack` (unchanged if None)."""
+  if attack is None:
+    return messages
+  return attack(messages, byzantine, key)
+
+
+def split_batch(batch: PyTree, num_splits: int) -> PyTree:
+  """`[N, B, ...]` -> `[num_splits, N, B / num_splits, ...]` micro-batches."""
+  def split(x):
+    n, b = x.shape[:2]
+    if b % num_splits:
+      raise ValueError(
+          f"the batch size {b} must be divisible by `local_steps`="
+          f"{num_splits}; each local step uses B / local_steps examples.")
+    x = x.reshape((n, num_splits, b // num_splits) + x.shape[2:])
+    return jnp.swapaxes(x, 0, 1)
+  return jax.tree.map(split, batch)

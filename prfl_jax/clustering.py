@@ -1,0 +1,369 @@
+"""Threshold-Clustering (Werner et al., 2023, Algorithm 2) and its radius rules.
+
+Each centre `v_k` is moved, for `num_iters` steps, by eq. (t-c-update-rule):
+
+  v_k <- (1/W) * sum_i w_i * ( z_i if ||z_i - v_k|| <= tau_k else v_k ),
+
+with `w_i` the client weights (1 by default, 0 for absent or padding clients)
+and `W = sum_i w_i`. A point whose distance is not finite (NaN/Inf from a broken
+or malicious client) is outside every ball, so the output stays finite whenever
+the initial centres are.
+
+Two kernels compute the same thing:
+* `"direct"`: distances from the points themselves, `O(K * N * P)` per step.
+* `"gram"`: every centre stays `v_k = v0_k + sum_i a_ki (z_i - v0_k)`, so all
+  distances follow from the `[N, N]` Gram matrix of `z_i - v0_k`; after one GEMM
+  each step is `O(K * N^2)`, independent of the model size `P`.
+"""
+
+import numbers
+from typing import Any, Callable, NamedTuple, Union
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+import numpy as np
+
+from prfl_jax import tree as tree_lib
+
+PyTree = Any
+RadiusRule = Callable[[jax.Array, jax.Array], jax.Array]
+Radius = Union[float, jax.Array, RadiusRule]
+
+_METHODS = ("direct", "gram")
+
+
+def masked_quantile(values: jax.Array, present: jax.Array,
+                    q: jax.Array) -> jax.Array:
+  """`jnp.quantile(values[present], q)` (linear interpolation) under jit.
+
+  NaN values count as +inf. With no present value the result is 0.
+
+  Args:
+    values: `[N]` array.
+    present: `[N]` bool mask of the values that take part.
+    q: scalar in [0, 1].
+
+  Returns:
+    scalar.
+  """
+  values = jnp.where(jnp.isnan(values), jnp.inf, values)
+  ordered = jnp.sort(jnp.where(present, values, jnp.inf))
+  count = jnp.sum(present)
+  pos = q * jnp.maximum(count - 1, 0).astype(values.dtype)
+  lo = jnp.floor(pos).astype(jnp.int32)
+  hi = jnp.ceil(pos).astype(jnp.int32)
+  v_lo, v_hi = ordered[lo], ordered[hi]
+  frac = (pos - lo).astype(values.dtype)
+  interp = jnp.where(v_hi == v_lo, v_lo, v_lo + frac * (v_hi - v_lo))
+  return jnp.where(count > 0, interp, jnp.zeros_like(interp))
+
+
+class QuantileRadius(NamedTuple):
+  """Radius rule: the `q`-quantile of the present points' distances."""
+  q: Union[float, jax.Array]
+
+  def __call__(self, distances: jax.Array, present: jax.Array) -> jax.Array:
+    """Returns `tau` for one centre from its `[N]` distances."""
+    return masked_quantile(distances, present, self.q)
+
+
+def quantile_radius(q: Union[float, jax.Array]) -> QuantileRadius:
+  """Adaptive radius: `tau_{k,l} = quantile(||z_i - v_{k,l-1}||, q)`.
+
+  Recomputed at every clustering step from the distances of the present points
+  (weight > 0) to the current centre, as in the paper's MNIST and CIFAR
+  experiments (Werner et al., 2023, Section 5.2: 20th percentile).
+
+  Args:
+    q: quantile in [0, 1]; may be a traced array (e.g. in a vmapped sweep).
+
+  Raises:
+    ValueError: if a concrete `q` lies outside [0, 1].
+  """
+  if not isinstance(q, jax.core.Tracer):
+    qa = np.asarray(q)
+    if qa.ndim != 0 or not np.isfinite(qa) or not 0.0 <= float(qa) <= 1.0:
+      raise ValueError(f"`q` must be a scalar in [0, 1], got {q!r}.")
+  return QuantileRadius(q)
+
+
+class ClusteringInfo(NamedTuple):
+  """What the last clustering step saw."""
+  inside: jax.Array  # [K, N] bool: point i inside centre k's ball at the end.
+  radius: jax.Array  # [K] radius used at the last step.
+
+
+def _check_radius(radius, num_centers: int):
+  if callable(radius):
+    return
+  if isinstance(radius, jax.core.Tracer):
+    if radius.ndim not in (0, 1) or (radius.ndim == 1 and
+                                     radius.shape[0] != num_centers):
+      raise ValueError(
+          f"`radius` must be a scalar or have shape [{num_centers}], got "
+          f"shape {radius.shape}.")
+    return
+  r = np.asarray(radius, dtype=np.float64)
+  if r.ndim not in (0, 1) or (r.ndim == 1 and r.shape[0] != num_centers):
+    raise ValueError(
+        f"`radius` must be a scalar, an array of shape [{num_centers}] (one "
+        f"per centre) or a rule such as quantile_radius(q); got shape "
+        f"{r.shape}.")
+  if np.any(np.isnan(r)) or np.any(r < 0):
+    raise ValueError(f"`radius` must be non-negative, got {radius!r}.")
+
+
+def _check_num_iters(num_iters):
+  if (not isinstance(num_iters, numbers.Integral) or isinstance(num_iters, bool)
+      or num_iters < 1):
+    raise ValueError(f"`num_iters` must be an integer >= 1, got {num_iters!r}.")
+
+
+def _radii(radius: Radius, distances: jax.Array,
+           present: jax.Array) -> jax.Array:
+  """`[K]` radii for `[K, N]` distances and `[K, N]` presence."""
+  if callable(radius):
+    return jax.vmap(radius)(distances, present)
+  r = jnp.asarray(radius, distances.dtype)
+  return jnp.broadcast_to(r, distances.shape[:1])
+
+
+def _inside(d2: jax.Array, valid: jax.Array, radius: Radius):
+  """Ball membership `[K, N]` and radii `[K]` from squared distances `[K, N]`.
+
+  `valid` `[K, N]` marks present points with finite coordinates.
+  """
+  dist = jnp.sqrt(jnp.maximum(d2, 0.0))
+  dist = jnp.where(jnp.isfinite(dist) & valid, dist, jnp.inf)
+  tau = _radii(radius, dist, valid)
+  inside = valid & (dist <= tau[:, None])
+  return inside, tau
+
+
+def _prepare(points, init_centers, radius, num_iters, weights, method):
+  """Validates arguments and returns (n, k, weights [N])."""
+  if method not in _METHODS:
+    raise ValueError(f"`method` must be one of {_METHODS}, got {method!r}.")
+  n = tree_lib.num_leading(points, "points")
+  k = tree_lib.num_leading(init_centers, "init_centers")
+  tree_lib.check_same_structure(points, init_centers, "points", "init_centers")
+  if k > n:
+    raise ValueError(
+        f"`init_centers` has K={k} centres but `points` only N={n} points; "
+        "K must be <= N.")
+  _check_num_iters(num_iters)
+  _check_radius(radius, k)
+  if weights is None:
+    weights = jnp.ones((n,), jnp.float32)
+  else:
+    if np.shape(weights) != (n,):
+      raise ValueError(
+          f"`weights` must have shape [{n}] (one per point), got "
+          f"{np.shape(weights)}.")
+    weights = jnp.asarray(weights)
+  return n, k, weights
+
+
+class _DirectCarry(NamedTuple):
+  centers: PyTree  # leaves [K, ...]
+  inside: jax.Array  # [K, N] bool
+  tau: jax.Array  # [K]
+
+
+def _direct(points, init_centers, radius, num_iters, weights):
+  """Direct kernel; returns (centers, ClusteringInfo)."""
+  finite = tree_lib.all_finite(points)
+  points = jax.tree.map(
+      lambda z: jnp.where(
+          finite.reshape((-1,) + (1,) * (z.ndim - 1)), z, jnp.zeros_like(z)),
+      points)
+  valid = finite & (weights > 0)
+  total = jnp.sum(weights)
+  w_scaled = weights / jnp.where(total > 0, total, 1.0)
+  k = tree_lib.num_leading(init_centers)
+  n = weights.shape[0]
+
+  def body(_, carry: _DirectCarry) -> _DirectCarry:
+    d2 = tree_lib.sq_distances(points, carry.centers).T  # [K, N]
+    inside, tau = _inside(d2, jnp.broadcast_to(valid, d2.shape), radius)
+    coefs = jnp.where(inside, w_scaled[None, :], 0.0)  # [K, N]
+    keep = 1.0 - jnp.sum(coefs, axis=1)  # [K]
+    moved = tree_lib.combine(coefs, points)
+    centers = jax.tree.map(
+        lambda m, v: m + keep.reshape((-1,) + (1,) * (v.ndim - 1)).astype(
+            v.dtype) * v, moved, carry.centers)
+    return _DirectCarry(centers, inside, tau)
+
+  init = _DirectCarry(init_centers, jnp.zeros((k, n), bool),
+                      jnp.zeros((k,), w_scaled.dtype))
+  out = lax.fori_loop(0, num_iters, body, init)
+  return out.centers, ClusteringInfo(out.inside, out.tau)
+
+
+class _GramCarry(NamedTuple):
+  coefs: jax.Array  # [K, N]: v_k = v0_k + sum_i coefs[k, i] (z_i - v0_k)
+  inside: jax.Array  # [K, N] bool
+  tau: jax.Array  # [K]
+
+
+def gram_clustering_coefs(grams: jax.Array, radius: Radius, num_iters: int,
+                          weights: jax.Array):
+  """Threshold-Clustering on centred Gram matrices.
+
+  For centre k with initial value `v0_k`, let `y_ki = z_i - v0_k` and
+  `grams[k] = [<y_ki, y_kj>]_{ij}`. Every iterate is `v_k = v0_k + sum_i a_ki
+  y_ki`, and eq. (t-c-update-rule) becomes `a_k <- (1 - s_k) a_k + w * in_k / W`
+  with `s_k = sum_i w_i in_ki / W`.
+
+  Args:
+    grams: `[K, N, N]` centred Gram matrices. Rows/columns of points that are
+      not finite must already be zero and their diagonal entry +inf or NaN.
+    radius: scalar, `[K]`, or a radius rule.
+    num_iters: number of clustering steps (>= 1).
+    weights: `[N]` non-negative client weights.
+
+  Returns:
+    `(coefs [K, N], ClusteringInfo)`.
+  """
+  diag = jnp.diagonal(grams, axis1=1, axis2=2)  # [K, N]
+  valid_kn = jnp.isfinite(diag) & (weights > 0)[None, :]
+  diag = jnp.where(jnp.isfinite(diag), diag, 0.0)
+  grams = jnp.where(valid_kn[:, :, None] & valid_kn[:, None, :], grams, 0.0)
+  total = jnp.sum(weights)
+  w_scaled = weights / jnp.where(total > 0, total, 1.0)
+  k, n = diag.shape
+
+  def body(_, carry: _GramCarry) -> _GramCarry:
+    ga = jnp.einsum("kij,kj->ki", grams, carry.coefs)
+    aga = jnp.sum(carry.coefs * ga, axis=1, keepdims=True)
+    d2 = diag - 2.0 * ga + aga
+    inside, tau = _inside(d2, valid_kn, radius)
+    step = jnp.where(inside, w_scaled[None, :], 0.0)
+    keep = 1.0 - jnp.sum(step, axis=1, keepdims=True)
+    return _GramCarry(keep * carry.coefs + step, inside, tau)
+
+  init = _GramCarry(jnp.zeros((k, n), grams.dtype), jnp.zeros((k, n), bool),
+                    jnp.zeros((k,), grams.dtype))
+  out = lax.fori_loop(0, num_iters, body, init)
+  return out.coefs, ClusteringInfo(out.inside, out.tau)
+
+
+def centred_gram(points: PyTree, center: PyTree) -> jax.Array:
+  """`[N, N]` Gram matrix of `z_i - v0` with non-finite points zeroed.
+
+  The diagonal entry of a point that is not finite (or whose squared distance
+  to `v0` overflows) is +inf, which `gram_clustering_coefs` reads as "outside
+  every ball".
+
+  Args:
+    points: pytree, every leaf `[N, ...]`.
+    center: unstacked pytree of the same structure (leaves `[...]`).
+  """
+  centred = jax.tree.map(lambda z, v: z - v[None], points, center)
+  finite = tree_lib.all_finite(centred)
+  centred = jax.tree.map(
+      lambda y: jnp.where(finite.reshape((-1,) + (1,) * (y.ndim - 1)), y,
+                          jnp.zeros_like(y)), centred)
+  g = _precise_gram(centred)
+  ok = finite & jnp.isfinite(jnp.diagonal(g))
+  g = jnp.where(ok[:, None] & ok[None, :], g, 0.0)
+  return g + jnp.diag(jnp.where(ok, 0.0, jnp.inf))
+
+
+def _precise_gram(points: PyTree) -> jax.Array:
+  def leaf_gram(z):
+    z = z.reshape(z.shape[0], -1)
+    return jnp.matmul(z, z.T, precision=lax.Precision.HIGHEST)
+  return sum(leaf_gram(z) for z in jax.tree.leaves(points))
+
+
+def centers_from_coefs(coefs: jax.Array, points: PyTree,
+                       init_centers: PyTree) -> PyTree:
+  """`v_k = (1 - sum_i a_ki) v0_k + sum_i a_ki z_i`, non-finite points zeroed.
+
+  Args:
+    coefs: `[K, N]`; zero for every point that is not finite.
+    points: pytree, every leaf `[N, ...]`.
+    init_centers: pytree, every leaf `[K, ...]`.
+  """
+  finite = tree_lib.all_finite(points)
+  points = jax.tree.map(
+      lambda z: jnp.where(finite.reshape((-1,) + (1,) * (z.ndim - 1)), z,
+                          jnp.zeros_like(z)), points)
+  keep = 1.0 - jnp.sum(coefs, axis=1)
+  moved = tree_lib.combine(coefs, points)
+  return jax.tree.map(
+      lambda m, v: m + keep.reshape((-1,) + (1,) * (v.ndim - 1)).astype(
+          v.dtype) * v, moved, init_centers)
+
+
+def threshold_clustering_with_info(points: PyTree, init_centers: PyTree, *,
+                                   radius: Radius, num_iters: int = 10,
+                                   weights=None, method: str = "direct"):
+  """`threshold_clustering` that also returns a `ClusteringInfo`."""
+  _, _, weights = _prepare(points, init_centers, radius, num_iters, weights,
+                           method)
+  if method == "direct":
+    return _direct(points, init_centers, radius, num_iters, weights)
+  grams = jax.vmap(centred_gram, in_axes=(None, 0))(points, init_centers)
+  coefs, info = gram_clustering_coefs(grams, radius, num_iters, weights)
+  return centers_from_coefs(coefs, points, init_centers), info
+
+
+def threshold_clustering(points: PyTree, init_centers: PyTree, *,
+                         radius: Radius, num_iters: int = 10, weights=None,
+                         method: str = "direct") -> PyTree:
+  """Threshold-Clustering: robust estimates of K cluster centres.
+
+  Args:
+    points: pytree, every leaf `[N, ...]` (e.g. N clients' gradients).
+    init_centers: pytree of the same structure, every leaf `[K, ...]`, K <= N.
+    radius: the ball radius `tau`: a non-negative scalar, an array `[K]` (one
+      per centre), or a rule `rule(distances [N], present [N]) -> tau` such as
+      `quantile_radius(q)`, evaluated for every centre at every step.
+    num_iters: number of clustering steps `M` (>= 1).
+    weights: optional `[N]` non-negative weights; 0 marks an absent client
+      (e.g. padding), which never moves a centre nor counts in `W`.
+    method: `"direct"` or `"gram"` (same result, see the module docstring).
+
+  Returns:
+    pytree, every leaf `[K, ...]`: the centres `v_{k, M}`.
+
+  Raises:
+    ValueError: on mismatched leading axes or leaf shapes, K > N, a bad radius,
+      `num_iters < 1`, weights of the wrong shape or an unknown method.
+
+  References:
+    Werner et al., 2023, Algorithm 2 (Threshold-Clustering), eq.
+    (t-c-update-rule).
+  """
+  centers, _ = threshold_clustering_with_info(
+      points, init_centers, radius=radius, num_iters=num_iters,
+      weights=weights, method=method)
+  return centers
+
+
+def assign(points: PyTree, centers: PyTree) -> jax.Array:
+  """Index of the nearest centre for every point.
+
+  Args:
+    points: pytree, every leaf `[N, ...]`.
+    centers: pytree of the same structure, every leaf `[K, ...]`.
+
+  Returns:
+    `[N]` int32; ties go to the lowest index, non-finite distances lose.
+  """
+  tree_lib.num_leading(points, "points")
+  tree_lib.num_leading(centers, "centers")
+  tree_lib.check_same_structure(points, centers, "points", "centers")
+  d2 = tree_lib.sq_distances(points, centers)
+  d2 = jnp.where(jnp.isfinite(d2), d2, jnp.inf)
+  return jnp.argmin(d2, axis=1).astype(jnp.int32)
+
+
+__all__ = [
+    "ClusteringInfo", "QuantileRadius", "assign", "masked_quantile",
+    "quantile_radius", "threshold_clustering",
+    "threshold_clustering_with_info",
+]
