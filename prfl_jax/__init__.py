@@ -15,3 +15,9 @@ from prfl_jax.clustering import threshold_clustering
 from prfl_jax.clustering import threshold_clustering_with_info
 
 __version__ = "0.1.0"
+from prfl_jax import algorithms
+from prfl_jax import attacks
+from prfl_jax import data
+from prfl_jax.gradients import Schedule
+from prfl_jax.train import train
+from prfl_jax.train import TrainResult

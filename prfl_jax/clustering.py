@@ -129,15 +129,19 @@ def _radii(radius: Radius, distances: jax.Array,
   return jnp.broadcast_to(r, distances.shape[:1])
 
 
-def _inside(d2: jax.Array, valid: jax.Array, radius: Radius):
+def _inside(d2: jax.Array, valid: jax.Array, present: jax.Array,
+            radius: Radius):
   """Ball membership `[K, N]` and radii `[K]` from squared distances `[K, N]`.
 
-  `valid` `[K, N]` marks present points with finite coordinates.
+  `valid` `[K, N]` marks points with finite coordinates; `present` `[N]` the
+  points with positive weight. Invalid present points count as infinitely
+  far in a radius rule (e.g. the quantile), and are never inside.
   """
   dist = jnp.sqrt(jnp.maximum(d2, 0.0))
   dist = jnp.where(jnp.isfinite(dist) & valid, dist, jnp.inf)
-  tau = _radii(radius, dist, valid)
-  inside = valid & (dist <= tau[:, None])
+  present = jnp.broadcast_to(present, dist.shape)
+  tau = _radii(radius, dist, present)
+  inside = valid & present & (dist <= tau[:, None])
   return inside, tau
 
 
@@ -178,7 +182,6 @@ def _direct(points, init_centers, radius, num_iters, weights):
       lambda z: jnp.where(
           finite.reshape((-1,) + (1,) * (z.ndim - 1)), z, jnp.zeros_like(z)),
       points)
-  valid = finite & (weights > 0)
   total = jnp.sum(weights)
   w_scaled = weights / jnp.where(total > 0, total, 1.0)
   k = tree_lib.num_leading(init_centers)
@@ -186,7 +189,8 @@ def _direct(points, init_centers, radius, num_iters, weights):
 
   def body(_, carry: _DirectCarry) -> _DirectCarry:
     d2 = tree_lib.sq_distances(points, carry.centers).T  # [K, N]
-    inside, tau = _inside(d2, jnp.broadcast_to(valid, d2.shape), radius)
+    inside, tau = _inside(d2, jnp.broadcast_to(finite, d2.shape),
+                          weights > 0, radius)
     coefs = jnp.where(inside, w_scaled[None, :], 0.0)  # [K, N]
     keep = 1.0 - jnp.sum(coefs, axis=1)  # [K]
     moved = tree_lib.combine(coefs, points)
@@ -227,8 +231,8 @@ def gram_clustering_coefs(grams: jax.Array, radius: Radius, num_iters: int,
     `(coefs [K, N], ClusteringInfo)`.
   """
   diag = jnp.diagonal(grams, axis1=1, axis2=2)  # [K, N]
-  valid_kn = jnp.isfinite(diag) & (weights > 0)[None, :]
-  diag = jnp.where(jnp.isfinite(diag), diag, 0.0)
+  valid_kn = jnp.isfinite(diag)
+  diag = jnp.where(valid_kn, diag, 0.0)
   grams = jnp.where(valid_kn[:, :, None] & valid_kn[:, None, :], grams, 0.0)
   total = jnp.sum(weights)
   w_scaled = weights / jnp.where(total > 0, total, 1.0)
@@ -238,7 +242,7 @@ def gram_clustering_coefs(grams: jax.Array, radius: Radius, num_iters: int,
     ga = jnp.einsum("kij,kj->ki", grams, carry.coefs)
     aga = jnp.sum(carry.coefs * ga, axis=1, keepdims=True)
     d2 = diag - 2.0 * ga + aga
-    inside, tau = _inside(d2, valid_kn, radius)
+    inside, tau = _inside(d2, valid_kn, weights > 0, radius)
     step = jnp.where(inside, w_scaled[None, :], 0.0)
     keep = 1.0 - jnp.sum(step, axis=1, keepdims=True)
     return _GramCarry(keep * carry.coefs + step, inside, tau)

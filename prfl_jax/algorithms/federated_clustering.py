@@ -193,6 +193,7 @@ def federated_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
     return params, opt_state, metrics
 
   def step(state: FederatedClusteringState, batch: PyTree, key: jax.Array):
+    gradients.check_loss_fn(loss_fn, state.params, batch)  # At trace time.
     if local_steps == 0:
       params, opt_state, metrics = cluster_round(state, batch, key)
     else:

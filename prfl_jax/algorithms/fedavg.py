@@ -1,0 +1,114 @@
+"""FedAvg / Global training (McMahan et al., 2017).
+
+One global model for everyone. With `local_steps=1` every client sends its
+gradient at the global model and the server applies the optimizer to their
+mean (the gradient-averaging "Global" baseline of Werner et al., 2023,
+Section 5). With `local_steps=s > 1` every client runs s optimizer steps from
+the global model on s micro-batches of its batch (fresh optimizer state each
+round) and the server averages the resulting model changes.
+"""
+
+from typing import Any, NamedTuple
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+import optax
+
+from prfl_jax import gradients
+from prfl_jax import tree as tree_lib
+from prfl_jax.algorithms import base
+
+PyTree = Any
+
+
+class FedAvgState(NamedTuple):
+  """State of FedAvg; every client holds a copy of the global model."""
+  params: PyTree  # leaves [N, ...]: the global model, copied to every client.
+  opt_state: PyTree  # leaves [N, ...]: optimizer state (copies, local_steps=1).
+  byzantine: jax.Array  # [N] bool: malicious clients.
+  round: jax.Array  # [] int32: rounds done.
+
+
+def local_updates(loss_fn, optimizer, params: PyTree, batch: PyTree,
+                  local_steps: int):
+  """Every client's model change after `local_steps` optimizer steps.
+
+  Args:
+    loss_fn: loss for one client.
+    optimizer: client optimizer (fresh state).
+    params: leaves `[N, ...]` starting models.
+    batch: leaves `[N, B, ...]`, split into `local_steps` micro-batches.
+    local_steps: number of local steps s.
+
+  Returns:
+    `(deltas, first_losses [N])`: deltas leaves `[N, ...]` (new - start) and
+    the loss of the first local step.
+  """
+  micro = base.split_batch(batch, local_steps)
+
+  def one_client(p, b):
+    def body(carry, mb):
+      q, s = carry
+      loss, g = jax.value_and_grad(loss_fn)(q, mb)
+      u, s = optimizer.update(g, s, q)
+      return (optax.apply_updates(q, u), s), loss
+    (q, _), losses = lax.scan(body, (p, optimizer.init(p)), b)
+    return jax.tree.map(lambda a, b: a - b, q, p), losses[0]
+
+  micro = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), micro)  # [N, s, ...]
+  return jax.vmap(one_client)(params, micro)
+
+
+def fedavg(loss_fn, optimizer: optax.GradientTransformation, *,
+           local_steps: int = 1, attack=None) -> base.Algorithm:
+  """FedAvg with gradient averaging (1 local step) or model averaging.
+
+  Args:
+    loss_fn: `loss_fn(params, batch) -> scalar` for one client.
+    optimizer: with `local_steps=1`, the server optimizer applied to the mean
+      gradient; otherwise the clients' local optimizer.
+    local_steps: local steps per round; the batch size must be divisible by it.
+    attack: what Byzantine clients send (gradients or model changes), or None.
+
+  Returns:
+    `Algorithm(init, step)`.
+
+  References:
+    McMahan et al., 2017, Algorithm 1 (FederatedAveraging).
+  """
+  base.check_optimizer(optimizer)
+  base.check_positive_int(local_steps, "local_steps")
+
+  def init(params, *, byzantine=None) -> FedAvgState:
+    n = base.init_params(params)
+    first = jax.tree.map(lambda p: p[0], params)
+    params = tree_lib.broadcast(first, n)
+    return FedAvgState(params, jax.vmap(optimizer.init)(params),
+                       base.byzantine_mask(byzantine, n),
+                       jnp.zeros((), jnp.int32))
+
+  def step(state: FedAvgState, batch, key):
+    gradients.check_loss_fn(loss_fn, state.params, batch)  # At trace time.
+    n = state.byzantine.shape[0]
+    if local_steps == 1:
+      losses, messages = gradients.client_grads(loss_fn, state.params, batch)
+    else:
+      messages, losses = local_updates(loss_fn, optimizer, state.params, batch,
+                                       local_steps)
+    honest_norm = base.benign_mean(base.grad_norms(messages), state.byzantine)
+    messages = base.attacked(attack, messages, state.byzantine, key)
+    mean = tree_lib.weighted_mean(messages, jnp.ones((n,), jnp.float32))
+    direction = tree_lib.broadcast(mean, n)
+    if local_steps == 1:
+      params, opt_state = base.apply_updates(optimizer, direction,
+                                             state.opt_state, state.params)
+    else:
+      params = jax.tree.map(jnp.add, state.params, direction)
+      opt_state = state.opt_state
+    metrics = {"loss": base.benign_mean(losses, state.byzantine),
+               "grad_norm": honest_norm}
+    return state._replace(params=params, opt_state=opt_state,
+                          round=state.round + 1), metrics
+
+  return base.Algorithm(init, step)

@@ -1,0 +1,162 @@
+"""Myopic-Clustering (Werner et al., 2023, Section 2, Algorithm Myopic-Clustering).
+
+Every round, each client sends its gradient at its own model `g_i(x_{i,t-1})`
+to the server; the server clusters the N gradients into (at most) K clusters
+and sends each client the centre of its cluster, which the client applies:
+`x_{i,t} = x_{i,t-1} - eta * v_{k_i,t}`. It needs only O(N) communication but
+never re-checks a past clustering decision, and once the models converge all
+gradients approach 0 and every client falls into one cluster (the paper's
+failure-mode Example 1, reproduced in `experiments/failure_modes.py`).
+
+The server's clustering, every round:
+1. initial centres by farthest-first traversal (Gonzalez, 1985) over the
+   received gradients: the first centre is a uniformly random client's
+   gradient (from `key`), each next one the gradient farthest from the centres
+   chosen so far. A new centre is opened only if that distance exceeds
+   `separation`; otherwise the remaining centres repeat the first one and
+   receive no client, so gradients that are all within `separation` of each
+   other form a single cluster. Non-finite gradients are never chosen.
+2. Threshold-Clustering (Algorithm 2) with these K centres and `radius`.
+3. each client takes the nearest centre (`prfl_jax.clustering.assign`; ties go
+   to the lowest index, so repeated centres stay empty).
+"""
+
+from typing import Any, NamedTuple
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+import optax
+
+from prfl_jax import clustering
+from prfl_jax import gradients
+from prfl_jax import tree as tree_lib
+from prfl_jax.algorithms import base
+from prfl_jax.algorithms import cluster_models
+
+PyTree = Any
+
+
+def farthest_first(points: PyTree, num_centers: int, key: jax.Array, *,
+                   separation=0.0) -> jax.Array:
+  """Farthest-first traversal: indices of K well-spread points.
+
+  Args:
+    points: pytree, every leaf `[N, ...]`.
+    num_centers: number of centres K (static, <= N).
+    key: PRNG key choosing the first centre uniformly among finite points.
+    separation: a new centre is opened only if the farthest point is more
+      than `separation` away from every open centre; the unopened slots
+      repeat the first centre's index.
+
+  Returns:
+    `[K]` int32 indices into the points.
+  """
+  tree_lib.num_leading(points, "points")
+  finite = tree_lib.all_finite(points)
+  start = jax.random.categorical(key, jnp.where(finite, 0.0, -jnp.inf))
+  start = jnp.where(jnp.any(finite), start, 0).astype(jnp.int32)
+  sep2 = jnp.square(jnp.asarray(separation, jnp.float32))
+
+  def sq_dist_to(j):
+    d2 = tree_lib.sq_distances(points, tree_lib.take(points, j[None]))[:, 0]
+    return jnp.where(finite, jnp.nan_to_num(d2, nan=jnp.inf), -jnp.inf)
+
+  def body(k, carry):
+    index, min_d2 = carry
+    j = jnp.argmax(min_d2).astype(jnp.int32)
+    opened = min_d2[j] > sep2
+    index = index.at[k].set(jnp.where(opened, j, start))
+    min_d2 = jnp.where(opened, jnp.minimum(min_d2, sq_dist_to(j)), min_d2)
+    return index, min_d2
+
+  index = jnp.full((num_centers,), start, jnp.int32)
+  index, _ = lax.fori_loop(1, num_centers, body, (index, sq_dist_to(start)))
+  return index
+
+
+class MyopicClusteringState(NamedTuple):
+  """State of Myopic-Clustering."""
+  params: PyTree  # leaves [N, ...]: personalized models x_i.
+  opt_state: PyTree  # leaves [N, ...]: per-client optimizer state.
+  assignment: jax.Array  # [N] int32: cluster of every client, last round.
+  byzantine: jax.Array  # [N] bool: malicious clients.
+  round: jax.Array  # [] int32: rounds done.
+
+
+def myopic_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
+                      num_clusters: int, radius: clustering.Radius,
+                      num_iters: int = 10, separation=None,
+                      attack=None) -> base.Algorithm:
+  """Myopic-Clustering: cluster the clients' own gradients, apply the centre.
+
+  Args:
+    loss_fn: `loss_fn(params, batch) -> scalar` for one client.
+    optimizer: optax optimizer applied per client to its cluster centre
+      (`optax.sgd(eta)` is the paper's `x <- x - eta * v`).
+    num_clusters: number of clusters K (<= N).
+    radius: Threshold-Clustering radius: a scalar, `[K]` array or a rule such
+      as `prfl.quantile_radius(q)`.
+    num_iters: Threshold-Clustering steps per round.
+    separation: minimum distance between the farthest-first initial centres
+      (see the module docstring). None: `radius` when it is a scalar, else 0.
+    attack: what Byzantine clients send instead of their gradient, or None.
+
+  Returns:
+    `Algorithm(init, step)`; `init(params, *, byzantine=None)` takes params
+    with leaves `[N, ...]`.
+
+  Raises:
+    TypeError: if `loss_fn` is not callable or `optimizer` not an optax
+      transformation.
+    ValueError: on a bad `num_clusters`, `radius`, `num_iters` or
+      `separation`; at `init`, if K > N.
+
+  References:
+    Werner et al., 2023, Section 2, Algorithm Myopic-Clustering; Algorithm 2.
+  """
+  cluster_models.check_callable(loss_fn, "loss_fn")
+  base.check_optimizer(optimizer)
+  base.check_positive_int(num_clusters, "num_clusters")
+  base.check_positive_int(num_iters, "num_iters")
+  clustering._check_radius(radius, num_clusters)  # pylint: disable=protected-access
+  if separation is None:
+    scalar = not callable(radius) and jnp.ndim(radius) == 0
+    separation = float(radius) if scalar else 0.0
+  cluster_models.check_non_negative(separation, "separation")
+
+  def init(params, *, byzantine=None) -> MyopicClusteringState:
+    n = base.init_params(params)
+    if num_clusters > n:
+      raise ValueError(
+          f"`num_clusters`={num_clusters} exceeds the number of clients N={n}.")
+    return MyopicClusteringState(
+        params, jax.vmap(optimizer.init)(params),
+        jnp.zeros((n,), jnp.int32), base.byzantine_mask(byzantine, n),
+        jnp.zeros((), jnp.int32))
+
+  def step(state: MyopicClusteringState, batch: PyTree, key: jax.Array):
+    gradients.check_loss_fn(loss_fn, state.params, batch)  # At trace time.
+    attack_key, start_key = jax.random.split(key)
+    losses, grads = gradients.client_grads(loss_fn, state.params, batch)
+    messages = base.attacked(attack, grads, state.byzantine, attack_key)
+    index = farthest_first(messages, num_clusters, start_key,
+                           separation=separation)
+    centers = clustering.threshold_clustering(
+        messages, tree_lib.take(messages, index), radius=radius,
+        num_iters=num_iters)
+    assignment = clustering.assign(messages, centers)
+    directions = tree_lib.take(centers, assignment)
+    params, opt_state = base.apply_updates(optimizer, directions,
+                                           state.opt_state, state.params)
+    metrics = {
+        "loss": base.benign_mean(losses, state.byzantine),
+        "grad_norm": base.benign_mean(base.grad_norms(grads), state.byzantine),
+        "num_clusters": cluster_models.count_nonempty(assignment,
+                                                      num_clusters),
+    }
+    return state._replace(params=params, opt_state=opt_state,
+                          assignment=assignment,
+                          round=state.round + 1), metrics
+
+  return base.Algorithm(init, step)

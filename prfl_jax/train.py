@@ -1,0 +1,180 @@
+"""`train`: a federated run as jitted `lax.scan` chunks between evaluations.
+
+Rounds are grouped into chunks of `eval_every` rounds; each chunk is one XLA
+program (a `lax.scan` over rounds, batches sampled inside it) that ends with a
+personalized evaluation: every client's model on its own test data, averaged
+over benign clients and per true cluster. Between chunks the host prints
+progress (round, metrics, time left). The chunk compiles once; a shorter last
+chunk (when `eval_every` does not divide `num_rounds`) compiles once more.
+"""
+
+import math
+import numbers
+import sys
+import time
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+import numpy as np
+
+from prfl_jax.algorithms import base
+from prfl_jax.data import federated
+
+PyTree = Any
+EvalFn = Callable[[PyTree, PyTree], dict]
+
+
+class TrainResult(NamedTuple):
+  """Output of `train`."""
+  state: Any  # final algorithm state (params leaves [N, ...]).
+  history: dict  # name -> np.ndarray; see `train`.
+
+
+def personalized_eval(eval_fn: EvalFn, params: PyTree, test: PyTree,
+                      clusters: jax.Array, byzantine: jax.Array,
+                      num_clusters: int) -> dict:
+  """Each client's model on its own test data, summarised.
+
+  Args:
+    eval_fn: `eval_fn(params, test) -> {name: scalar}` for one client.
+    params: leaves `[N, ...]`.
+    test: leaves `[N, ...]`.
+    clusters: `[N]` true clusters.
+    byzantine: `[N]` bool; Byzantine clients are left out.
+    num_clusters: K.
+
+  Returns:
+    `{name: scalar mean over benign clients, name + "/per_cluster": [K]}`.
+  """
+  values = jax.vmap(eval_fn)(params, test)
+  w = (~byzantine).astype(jnp.float32)
+  counts = jax.ops.segment_sum(w, clusters, num_clusters)
+  out = {}
+  for name, v in values.items():
+    v = jnp.where(byzantine, 0.0, v.astype(jnp.float32))
+    out[name] = jnp.sum(v) / jnp.maximum(jnp.sum(w), 1.0)
+    out[name + "/per_cluster"] = (jax.ops.segment_sum(v, clusters, num_clusters)
+                                  / jnp.maximum(counts, 1.0))
+  return out
+
+
+def _check_int(value, name, minimum=1):
+  if (not isinstance(value, numbers.Integral) or isinstance(value, bool) or
+      value < minimum):
+    raise ValueError(f"`{name}` must be an integer >= {minimum}, got {value!r}.")
+
+
+def _format(metrics: dict) -> str:
+  parts = []
+  for name, v in sorted(metrics.items()):
+    if np.ndim(v) == 0:
+      parts.append(f"{name}={float(v):.4g}")
+  return " ".join(parts)
+
+
+def train(algorithm: base.Algorithm, params: PyTree,
+          data: federated.FederatedData, *, num_rounds: int, key: jax.Array,
+          batch_size: Optional[int] = None, eval_fn: Optional[EvalFn] = None,
+          eval_every: Optional[int] = None, byzantine=None,
+          verbose: bool = True, log: Callable[[str], None] = None,
+          ) -> TrainResult:
+  """Runs `num_rounds` rounds of `algorithm` on `data`.
+
+  Args:
+    algorithm: an `Algorithm(init, step)`.
+    params: initial models, leaves `[N, ...]` (see `prfl_jax.tree.broadcast`).
+    data: the federation; `data.train` leaves `[N, M, ...]`.
+    num_rounds: number of rounds T.
+    key: PRNG key; the same key gives the same numbers.
+    batch_size: examples per client per round (None: all M).
+    eval_fn: `eval_fn(params, test) -> {name: scalar}` for one client.
+    eval_every: rounds per compiled chunk / between evaluations (default: about
+      20 evaluations per run).
+    byzantine: optional `[N]` bool mask of malicious clients.
+    verbose: print progress after every chunk.
+    log: where progress lines go (default: stderr).
+
+  Returns:
+    `TrainResult(state, history)`. `history` holds numpy arrays:
+    `"round"` `[T]` and `"train/<metric>"` `[T]` for every step metric;
+    `"eval_round"` `[E]` (0 and every chunk end), `"eval/<name>"` `[E]`,
+    `"eval/<name>/per_cluster"` `[E, K]` and `"elapsed_s"` `[E]`.
+
+  Raises:
+    ValueError/TypeError: on inconsistent arguments, before compiling.
+  """
+  if not isinstance(algorithm, base.Algorithm):
+    raise TypeError(f"`algorithm` must be a prfl_jax Algorithm, got "
+                    f"{type(algorithm)}.")
+  _check_int(num_rounds, "num_rounds")
+  n = federated.check_data(data)
+  n_params = base.init_params(params)
+  if n_params != n:
+    raise ValueError(f"`params` has {n_params} clients but `data` has {n}.")
+  federated.check_batch_size(batch_size, data.train)
+  if eval_every is None:
+    eval_every = max(1, num_rounds // 20)
+  _check_int(eval_every, "eval_every")
+  eval_every = min(eval_every, num_rounds)
+  if eval_fn is not None and not callable(eval_fn):
+    raise TypeError(f"`eval_fn` must be callable, got {type(eval_fn)}.")
+  log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+  clusters = np.asarray(data.clusters)
+  num_clusters = int(clusters.max()) + 1 if clusters.size else 1
+
+  state = algorithm.init(params, byzantine=byzantine)
+
+  def evaluate(state, test):
+    if eval_fn is None:
+      return {}
+    return personalized_eval(eval_fn, state.params, test, data.clusters,
+                             state.byzantine, num_clusters)
+
+  def chunk(state, key, train_data, test, length):
+    def body(state, round_key):
+      batch_key, step_key = jax.random.split(round_key)
+      batch = federated.sample_batch(batch_key, train_data, batch_size)
+      return algorithm.step(state, batch, step_key)
+    state, metrics = lax.scan(body, state, jax.random.split(key, length))
+    return state, metrics, evaluate(state, test)
+
+  run_chunk = jax.jit(chunk, static_argnums=4)
+  run_eval = jax.jit(evaluate)
+
+  num_chunks = math.ceil(num_rounds / eval_every)
+  chunk_keys = jax.random.split(key, num_chunks)
+  start = time.perf_counter()
+  evals = [jax.device_get(run_eval(state, data.test))]
+  elapsed = [0.0]
+  eval_rounds = [0]
+  train_metrics = []
+  done = 0
+  for c in range(num_chunks):
+    length = min(eval_every, num_rounds - done)
+    state, metrics, ev = run_chunk(state, chunk_keys[c], data.train, data.test,
+                                   length)
+    metrics, ev = jax.device_get((metrics, ev))
+    done += length
+    train_metrics.append(metrics)
+    evals.append(ev)
+    eval_rounds.append(done)
+    now = time.perf_counter() - start
+    elapsed.append(now)
+    if verbose:
+      left = now / done * (num_rounds - done)
+      last = {f"train/{k}": v[-1] for k, v in metrics.items()}
+      last.update({f"eval/{k}": v for k, v in ev.items()})
+      log(f"[round {done}/{num_rounds}] {_format(last)} | {now:.1f}s elapsed, "
+          f"~{left:.1f}s left")
+
+  history = {"round": np.arange(1, num_rounds + 1)}
+  for name in (train_metrics[0] if train_metrics else {}):
+    history[f"train/{name}"] = np.concatenate(
+        [np.asarray(m[name]) for m in train_metrics])
+  history["eval_round"] = np.asarray(eval_rounds)
+  history["elapsed_s"] = np.asarray(elapsed)
+  for name in evals[0]:
+    history[f"eval/{name}"] = np.stack([np.asarray(e[name]) for e in evals])
+  return TrainResult(state, history)

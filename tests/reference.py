@@ -1,0 +1,55 @@
+"""Plain NumPy references used by the tests."""
+
+import numpy as np
+
+
+def threshold_clustering(points, init, radius, num_iters, weights=None,
+                         quantile=None):
+  """Algorithm 2 of Werner et al. (2023), one Python loop per step and centre.
+
+  Args:
+    points: [N, P] float64.
+    init: [K, P].
+    radius: scalar or [K] (ignored when `quantile` is given).
+    num_iters: steps.
+    weights: optional [N].
+    quantile: q for the quantile radius rule.
+
+  Returns:
+    [K, P] centres.
+  """
+  points = np.asarray(points, np.float64)
+  v = np.array(init, np.float64)
+  n, k = points.shape[0], v.shape[0]
+  w = np.ones(n) if weights is None else np.asarray(weights, np.float64)
+  total = w.sum()
+  finite = np.all(np.isfinite(points), axis=1)
+  radius = np.broadcast_to(np.asarray(radius if radius is not None else 0.0,
+                                      np.float64), (k,))
+  present = w > 0
+  for _ in range(num_iters):
+    for c in range(k):
+      d = np.full(n, np.inf)
+      d[finite] = np.linalg.norm(points[finite] - v[c], axis=1)
+      if quantile is not None:
+        tau = quantile_linear(d[present], quantile)
+      else:
+        tau = radius[c]
+      new = np.zeros_like(v[c])
+      for i in range(n):
+        inside = present[i] and finite[i] and d[i] <= tau
+        new += w[i] * (points[i] if inside else v[c])
+      v[c] = new / total
+  return v
+
+
+def quantile_linear(values, q):
+  """`np.quantile(values, q)` (linear) where an infinite neighbour gives inf."""
+  if values.size == 0:
+    return 0.0
+  ordered = np.sort(values)
+  pos = q * (values.size - 1)
+  lo, hi = int(np.floor(pos)), int(np.ceil(pos))
+  if ordered[lo] == ordered[hi]:
+    return ordered[lo]
+  return ordered[lo] + (pos - lo) * (ordered[hi] - ordered[lo])

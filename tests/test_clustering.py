@@ -1,0 +1,166 @@
+"""Tests of Threshold-Clustering (Algorithm 2) against a NumPy reference."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import prfl_jax as prfl
+from tests import reference
+
+METHODS = ["direct", "gram"]
+
+
+def _data(seed, n=12, k=3, p=5):
+  rng = np.random.default_rng(seed)
+  means = rng.normal(scale=4.0, size=(k, p))
+  points = means[rng.integers(0, k, n)] + rng.normal(size=(n, p))
+  init = points[rng.choice(n, k, replace=False)] + 0.3
+  return points.astype(np.float32), init.astype(np.float32)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_hand_computed_two_steps(method):
+  # Points 0, 1, 10; centre 0; radius 2.
+  # Step 1: 0 and 1 inside -> v = (0 + 1 + 0) / 3 = 1/3.
+  # Step 2: distances 1/3, 2/3, 29/3 -> v = (0 + 1 + 1/3) / 3 = 4/9.
+  z = jnp.array([[0.0], [1.0], [10.0]])
+  out = prfl.threshold_clustering(z, jnp.zeros((1, 1)), radius=2.0,
+                                  num_iters=2, method=method)
+  np.testing.assert_allclose(out, [[4.0 / 9.0]], rtol=1e-6)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("radius", [1.5, "per_centre", "quantile"])
+def test_matches_numpy_reference(method, radius):
+  for seed in range(3):
+    points, init = _data(seed)
+    if radius == "quantile":
+      rule, ref_kw = prfl.quantile_radius(0.3), {"radius": None,
+                                                 "quantile": 0.3}
+    elif radius == "per_centre":
+      r = np.array([0.5, 2.0, 4.0], np.float32)
+      rule, ref_kw = jnp.asarray(r), {"radius": r}
+    else:
+      rule, ref_kw = radius, {"radius": radius}
+    out = prfl.threshold_clustering(jnp.asarray(points), jnp.asarray(init),
+                                    radius=rule, num_iters=7, method=method)
+    ref = reference.threshold_clustering(points, init, num_iters=7, **ref_kw)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_weights_and_absent_clients(method):
+  points, init = _data(4)
+  w = np.array([1, 0, 2, 1, 0, 1, 1, 3, 0, 1, 1, 1], np.float32)
+  for rule, kw in [(2.0, {"radius": 2.0}),
+                   (prfl.quantile_radius(0.5), {"radius": None,
+                                                "quantile": 0.5})]:
+    out = prfl.threshold_clustering(points, init, radius=rule, num_iters=5,
+                                    weights=jnp.asarray(w), method=method)
+    ref = reference.threshold_clustering(points, init, num_iters=5,
+                                         weights=w, **kw)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+  # An absent client, wherever it is, never moves a centre.
+  moved = points.copy()
+  moved[w == 0] = 1e3
+  a = prfl.threshold_clustering(points, init, radius=3.0, weights=w,
+                                method=method)
+  b = prfl.threshold_clustering(moved, init, radius=3.0, weights=w,
+                                method=method)
+  np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_pytree_points_match_flat(method):
+  points, init = _data(5, p=6)
+  as_tree = lambda x: {"w": jnp.asarray(x[:, :4]).reshape(-1, 2, 2),
+                       "b": jnp.asarray(x[:, 4:])}
+  out = prfl.threshold_clustering(as_tree(points), as_tree(init), radius=2.5,
+                                  num_iters=4, method=method)
+  ref = reference.threshold_clustering(points, init, 2.5, 4)
+  flat = np.concatenate([np.asarray(out["w"]).reshape(-1, 4), out["b"]], 1)
+  np.testing.assert_allclose(flat, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, 1e30])
+def test_non_finite_points_are_outside_every_ball(method, bad):
+  points, init = _data(6)
+  points[2, 1] = bad
+  points[7] = bad
+  for rule, kw in [(np.inf, {"radius": np.inf}),
+                   (prfl.quantile_radius(0.9), {"radius": None,
+                                                "quantile": 0.9})]:
+    out = prfl.threshold_clustering(points, init, radius=rule, num_iters=6,
+                                    method=method)
+    assert np.all(np.isfinite(out))
+    if bad != 1e30:  # 1e30 is finite but its distance overflows float32.
+      ref = reference.threshold_clustering(points, init, num_iters=6, **kw)
+      np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_jit_and_vmap(method):
+  batch = [_data(s) for s in range(4)]
+  pts = jnp.stack([b[0] for b in batch])
+  ini = jnp.stack([b[1] for b in batch])
+  radii = jnp.array([1.0, 2.0, 3.0, 4.0])
+  fn = jax.jit(jax.vmap(lambda p, i, r: prfl.threshold_clustering(
+      p, i, radius=r, num_iters=5, method=method)))
+  out = fn(pts, ini, radii)
+  for s in range(4):
+    ref = reference.threshold_clustering(batch[s][0], batch[s][1],
+                                         float(radii[s]), 5)
+    np.testing.assert_allclose(out[s], ref, rtol=1e-4, atol=1e-4)
+  # A traced quantile (e.g. in a vmapped sweep) works too.
+  qs = jnp.array([0.1, 0.5])
+  out_q = jax.jit(jax.vmap(lambda q: prfl.threshold_clustering(
+      pts[0], ini[0], radius=prfl.quantile_radius(q), method=method)))(qs)
+  for j, q in enumerate([0.1, 0.5]):
+    ref = reference.threshold_clustering(batch[0][0], batch[0][1], None, 10,
+                                         quantile=q)
+    np.testing.assert_allclose(out_q[j], ref, rtol=1e-4, atol=1e-4)
+
+
+def test_quantile_matches_jnp_quantile():
+  rng = np.random.default_rng(0)
+  for _ in range(20):
+    v = rng.normal(size=9).astype(np.float32)
+    present = rng.random(9) < 0.7
+    present[0] = True
+    q = float(rng.random())
+    out = prfl.masked_quantile(jnp.asarray(v), jnp.asarray(present), q)
+    np.testing.assert_allclose(out, np.quantile(v[present], q), rtol=1e-5)
+  assert prfl.masked_quantile(jnp.ones(3), jnp.zeros(3, bool), 0.5) == 0.0
+
+
+def test_assign_nearest_ties_and_nan():
+  z = jnp.array([[0.0], [0.9], [2.0], [jnp.nan], [1.0]])
+  c = jnp.array([[0.0], [2.0]])
+  np.testing.assert_array_equal(prfl.assign(z, c), [0, 0, 1, 0, 0])
+
+
+def test_bad_arguments_raise_before_compiling():
+  z, v = jnp.zeros((4, 2)), jnp.zeros((2, 2))
+  with pytest.raises(ValueError, match="K must be <= N"):
+    prfl.threshold_clustering(z, jnp.zeros((5, 2)), radius=1.0)
+  with pytest.raises(ValueError, match="init_centers"):
+    prfl.threshold_clustering(z, jnp.zeros((2, 3)), radius=1.0)
+  with pytest.raises(ValueError, match="different leading axes"):
+    prfl.threshold_clustering({"a": z, "b": jnp.zeros((3, 1))},
+                              {"a": v, "b": jnp.zeros((2, 1))}, radius=1.0)
+  with pytest.raises(ValueError, match="q"):
+    prfl.quantile_radius(1.5)
+  with pytest.raises(ValueError, match="q"):
+    prfl.quantile_radius(-0.1)
+  with pytest.raises(ValueError, match="num_iters"):
+    prfl.threshold_clustering(z, v, radius=1.0, num_iters=0)
+  with pytest.raises(ValueError, match="radius"):
+    prfl.threshold_clustering(z, v, radius=-1.0)
+  with pytest.raises(ValueError, match="radius"):
+    prfl.threshold_clustering(z, v, radius=jnp.ones(3))
+  with pytest.raises(ValueError, match="weights"):
+    prfl.threshold_clustering(z, v, radius=1.0, weights=jnp.ones(3))
+  with pytest.raises(ValueError, match="method"):
+    prfl.threshold_clustering(z, v, radius=1.0, method="fast")
