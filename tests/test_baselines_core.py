@@ -1,0 +1,86 @@
+"""Tests of the oracle, local and FedAvg baselines on hand-computed rounds."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import prfl_jax as prfl
+
+
+def shifted_quadratic(x, batch):
+  """f_j(x) = 0.5 * mean_b ||x - c_b||^2; gradient x - mean_b c_b."""
+  return 0.5 * jnp.mean(jnp.sum((x[None] - batch) ** 2, -1))
+
+
+C = jnp.array([[[0.0]], [[2.0]], [[10.0]], [[20.0]]])
+
+
+def test_local_is_per_client_sgd():
+  alg = prfl.algorithms.local(shifted_quadratic, optax.sgd(0.5))
+  state, m = alg.step(alg.init(jnp.zeros((4, 1))), C, jax.random.key(0))
+  np.testing.assert_allclose(state.params[:, 0], [0, 1, 5, 10])
+  np.testing.assert_allclose(m["loss"], np.mean([0, 2, 50, 200]))
+
+
+def test_oracle_averages_within_true_clusters_over_benign_clients():
+  alg = prfl.algorithms.oracle(shifted_quadratic, optax.sgd(0.5),
+                               clusters=[0, 0, 1, 1])
+  state, _ = alg.step(alg.init(jnp.zeros((4, 1))), C, jax.random.key(0))
+  np.testing.assert_allclose(state.params[:, 0], [0.5, 0.5, 7.5, 7.5])
+  state = alg.init(jnp.zeros((4, 1)), byzantine=jnp.array([0, 0, 0, 1], bool))
+  state, _ = alg.step(state, C, jax.random.key(0))
+  np.testing.assert_allclose(state.params[:, 0], [0.5, 0.5, 5.0, 5.0])
+  with pytest.raises(ValueError, match="clusters"):
+    prfl.algorithms.oracle(shifted_quadratic, optax.sgd(0.5),
+                           clusters=[0, 1]).init(jnp.zeros((4, 1)))
+
+
+def test_fedavg_gradient_averaging():
+  alg = prfl.algorithms.fedavg(shifted_quadratic, optax.sgd(0.5))
+  state, _ = alg.step(alg.init(jnp.zeros((4, 1))), C, jax.random.key(0))
+  np.testing.assert_allclose(state.params[:, 0], [4.0] * 4)
+  # Under a large-gradient attack the global model is dragged away.
+  bad = prfl.algorithms.fedavg(shifted_quadratic, optax.sgd(0.5),
+                               attack=prfl.attacks.large(100.0))
+  state = bad.init(jnp.zeros((4, 1)), byzantine=jnp.array([0, 0, 0, 1], bool))
+  state, _ = bad.step(state, C, jax.random.key(0))
+  np.testing.assert_allclose(state.params[:, 0],
+                             [0.5 * (0 + 2 + 10 + 2000) / 4] * 4)
+
+
+def test_fedavg_local_steps_average_models():
+  # Two local SGD steps (lr 0.5) on micro-batches {c_a}, {c_b} from x = 0:
+  # x1 = 0.5 c_a, x2 = x1 - 0.5 (x1 - c_b) = 0.25 c_a + 0.5 c_b.
+  batch = jnp.array([[[0.0], [4.0]], [[8.0], [0.0]]])
+  alg = prfl.algorithms.fedavg(shifted_quadratic, optax.sgd(0.5),
+                               local_steps=2)
+  state, _ = alg.step(alg.init(jnp.zeros((2, 1))), batch, jax.random.key(0))
+  np.testing.assert_allclose(state.params[:, 0], [(2.0 + 2.0) / 2] * 2)
+  with pytest.raises(ValueError, match="divisible"):
+    alg.step(alg.init(jnp.zeros((2, 1))), batch[:, :1], jax.random.key(0))
+
+
+@pytest.mark.parametrize("name", ["local", "oracle", "fedavg", "fc", "mc"])
+def test_few_rounds_on_synthetic_under_jit(name):
+  data, _ = prfl.data.synthetic_regression(jax.random.key(0), num_clusters=2,
+                                           clients_per_cluster=3)
+  loss, opt = prfl.data.regression_loss, optax.sgd(1e-3)
+  alg = {
+      "local": lambda: prfl.algorithms.local(loss, opt),
+      "oracle": lambda: prfl.algorithms.oracle(loss, opt,
+                                               clusters=data.clusters),
+      "fedavg": lambda: prfl.algorithms.fedavg(loss, opt),
+      "fc": lambda: prfl.algorithms.federated_clustering(
+          loss, opt, radius=prfl.quantile_radius(0.3)),
+      "mc": lambda: prfl.algorithms.momentum_clustering(
+          loss, opt, num_clusters=2, radius=prfl.quantile_radius(0.3)),
+  }[name]()
+  result = prfl.train(alg, jnp.zeros((6, 10)), data, num_rounds=6,
+                      key=jax.random.key(1), eval_fn=prfl.data.regression_eval,
+                      eval_every=3, verbose=False)
+  assert result.state.params.shape == (6, 10)
+  assert np.all(np.isfinite(result.state.params))
+  assert result.history["eval/error"].shape == (3,)
+  assert result.history["eval/error"][-1] < result.history["eval/error"][0]

@@ -1,0 +1,100 @@
+"""Tests of HypCluster against hand-computed rounds."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from prfl_jax.algorithms.hypcluster import hypcluster
+from prfl_jax.algorithms.ifca import ifca
+
+
+def quadratic(x, batch):
+  """Mean of 0.5 (x - c)^2 over the client's targets c (batch `[B]`)."""
+  return 0.5 * jnp.mean((x - batch) ** 2)
+
+
+def linreg_federation(key, num_clusters=2, per_cluster=3, dim=4, samples=4):
+  """K clusters of linear-regression clients, batch leaves `[N, B, ...]`."""
+  a_key, x_key = jax.random.split(key)
+  n = num_clusters * per_cluster
+  a = jax.random.normal(a_key, (n, samples, dim))
+  optima = jax.random.normal(x_key, (num_clusters, dim))
+  y = jnp.einsum("nbd,nd->nb", a, jnp.repeat(optima, per_cluster, axis=0))
+  loss = lambda w, b: 0.5 * jnp.mean((b[0] @ w - b[1]) ** 2)
+  return loss, (a, y), jnp.zeros((n, dim))
+
+
+TARGETS = np.array([0.0, 1.0, 5.0, 9.0])
+MODELS = np.array([0.0, 4.0, 100.0])
+
+
+def test_two_rounds_match_numpy():
+  eta, steps = 0.25, 2
+  alg = hypcluster(quadratic, optax.sgd(eta), num_clusters=3,
+                   local_steps=steps)
+  state = alg.init(jnp.zeros(4), init_models=jnp.asarray(MODELS))
+  models = MODELS.copy()
+  batch = np.stack([TARGETS, TARGETS + 1.0], axis=1)  # Micro-batch s: c + s.
+  for r in range(2):
+    state, metrics = alg.step(state, jnp.asarray(batch), jax.random.PRNGKey(r))
+    losses = 0.5 * ((models[:, None, None] - batch[None]) ** 2).mean(-1)
+    a = np.argmin(losses, axis=0)
+    for s in range(steps):  # Centralised steps: gradients at the cluster model.
+      grads = models[a] - (TARGETS + s)
+      for k in range(3):
+        if np.any(a == k):
+          models[k] -= eta * grads[a == k].mean()
+    np.testing.assert_allclose(state.models, models, rtol=1e-6)
+    np.testing.assert_array_equal(state.assignment, a)
+    np.testing.assert_allclose(state.params, models[a], rtol=1e-6)
+    np.testing.assert_allclose(metrics["loss"], losses.min(0).mean(),
+                               rtol=1e-6)
+  assert state.models[2] == 100.0
+
+
+def test_one_step_equals_ifca_option1():
+  init = jnp.asarray(MODELS)
+  batch = jnp.asarray(TARGETS)[:, None]
+  h = hypcluster(quadratic, optax.sgd(0.1), num_clusters=3)
+  i = ifca(quadratic, optax.sgd(0.1), num_clusters=3, option=1)
+  hs, is_ = h.init(jnp.zeros(4), init_models=init), i.init(
+      jnp.zeros(4), init_models=init)
+  for r in range(3):
+    hs, _ = h.step(hs, batch, jax.random.PRNGKey(r))
+    is_, _ = i.step(is_, batch, jax.random.PRNGKey(r))
+  np.testing.assert_allclose(hs.models, is_.models, rtol=1e-6)
+
+
+def test_jit_linear_regression():
+  loss, batch, params = linreg_federation(jax.random.PRNGKey(0))
+  alg = hypcluster(loss, optax.adam(0.05), num_clusters=2, local_steps=2)
+  state = alg.init(params, key=jax.random.PRNGKey(1))
+  step = jax.jit(alg.step)
+  for r in range(3):
+    state, metrics = step(state, batch, jax.random.PRNGKey(r))
+  assert state.params.shape == (6, 4) and state.models.shape == (2, 4)
+  assert np.all(np.isfinite(np.asarray(state.models)))
+  assert all(np.isfinite(v) for v in jax.device_get(metrics).values())
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"num_clusters": 0}, "num_clusters"),
+    ({"local_steps": 0}, "local_steps"),
+    ({"init_scale": float("nan")}, "init_scale"),
+])
+def test_bad_arguments(kwargs, match):
+  args = {"num_clusters": 2}
+  args.update(kwargs)
+  with pytest.raises(ValueError, match=match):
+    hypcluster(quadratic, optax.sgd(0.1), **args)
+  with pytest.raises(TypeError, match="optimizer"):
+    hypcluster(quadratic, None, num_clusters=2)
+
+
+def test_batch_not_divisible_by_local_steps():
+  alg = hypcluster(quadratic, optax.sgd(0.1), num_clusters=2, local_steps=2)
+  state = alg.init(jnp.zeros(4), init_models=jnp.zeros(2))
+  with pytest.raises(ValueError, match="local_steps"):
+    alg.step(state, jnp.zeros((4, 3)), jax.random.PRNGKey(0))

@@ -1,0 +1,91 @@
+"""Tests of Momentum-Clustering (Algorithm 3)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import prfl_jax as prfl
+from prfl_jax.algorithms.momentum_clustering import farthest_first
+
+
+def shifted_quadratic(x, batch):
+  return 0.5 * jnp.sum((x - batch[0]) ** 2)
+
+
+C = jnp.array([[0.0], [0.0], [10.0], [10.0]])
+
+
+def test_two_rounds_by_hand():
+  # Round 1 (alpha = 1): momenta = gradients = 0, 0, -10, -10. Farthest-first
+  # picks one of each value; with radius 1 each centre keeps its value, the
+  # clients go to the centre of their own value: x = 0, 0, 1, 1 (lr 0.1).
+  alg = prfl.algorithms.momentum_clustering(
+      shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=1.0,
+      num_iters=1, alpha=1.0)
+  state = alg.init(jnp.zeros((4, 1)))
+  state, _ = alg.step(state, C[:, None], jax.random.key(0))
+  np.testing.assert_allclose(state.params[:, 0], [0, 0, 1, 1], atol=1e-6)
+  a = np.asarray(state.assignment)
+  assert a[0] == a[1] and a[2] == a[3] and a[0] != a[2]
+
+
+def test_momentum_and_carried_centres():
+  # alpha = 0.5. Round 1: m = 0.5 * g = 0, 0, -5, -5; centres 0 and -5,
+  # x = 0, 0, 0.5, 0.5. Round 2: g = 0, 0, -9.5, -9.5,
+  # m = 0.5 * g + 0.5 * m = 0, 0, -7.25, -7.25; the carried centre -5 sees
+  # both at distance 2.25 <= 3 and moves by one step to
+  # (-5 - 5 - 7.25 - 7.25) / 4 = -6.125; x = 0.5 + 0.6125 = 1.1125.
+  alg = prfl.algorithms.momentum_clustering(
+      shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=3.0,
+      num_iters=1, alpha=0.5)
+  state = alg.init(jnp.zeros((4, 1)))
+  state, _ = alg.step(state, C[:, None], jax.random.key(0))
+  np.testing.assert_allclose(state.params[:, 0], [0, 0, 0.5, 0.5], atol=1e-6)
+  state, _ = alg.step(state, C[:, None], jax.random.key(1))
+  np.testing.assert_allclose(state.momentum[:, 0], [0, 0, -7.25, -7.25],
+                             atol=1e-6)
+  np.testing.assert_allclose(state.params[:, 0], [0, 0, 1.1125, 1.1125],
+                             atol=1e-6)
+
+
+def test_farthest_first_covers_separated_clusters_and_skips_nan():
+  pts = jnp.array([[0.0], [0.1], [5.0], [5.1], [-7.0], [jnp.nan]])
+  for seed in range(5):
+    centres = np.sort(np.asarray(farthest_first(pts, 3, jax.random.key(seed)))[:, 0])
+    assert centres[0] == -7.0 and 0 <= centres[1] <= 0.1 and centres[2] >= 5
+
+
+def test_separates_clusters_on_quadratics_with_nan_attack():
+  rng = np.random.default_rng(0)
+  c = np.concatenate([np.zeros((5, 2)), np.full((5, 2), 4.0)]) + 0.1 * rng.normal(
+      size=(10, 2))
+  byz = jnp.zeros(10, bool).at[jnp.array([4, 9])].set(True)
+  alg = prfl.algorithms.momentum_clustering(
+      shifted_quadratic, optax.sgd(0.2), num_clusters=2, radius=1.0,
+      alpha=0.5, attack=prfl.attacks.non_finite())
+  state = alg.init(jnp.full((10, 2), 2.0), byzantine=byz)
+  step = jax.jit(alg.step)
+  for t in range(80):
+    state, m = step(state, jnp.asarray(c, jnp.float32)[:, None],
+                    jax.random.key(t))
+  params = np.asarray(state.params)
+  assert np.all(np.isfinite(params[~np.asarray(byz)]))
+  np.testing.assert_allclose(params[:4], c[:4].mean(0, keepdims=True).repeat(4, 0),
+                             atol=0.2)
+  np.testing.assert_allclose(params[5:9], c[5:9].mean(0, keepdims=True).repeat(4, 0),
+                             atol=0.2)
+
+
+def test_bad_arguments():
+  with pytest.raises(ValueError, match="num_clusters"):
+    prfl.algorithms.momentum_clustering(
+        shifted_quadratic, optax.sgd(0.1), num_clusters=5,
+        radius=1.0).init(jnp.zeros((4, 1)))
+  with pytest.raises(ValueError, match="alpha"):
+    prfl.algorithms.momentum_clustering(shifted_quadratic, optax.sgd(0.1),
+                                        num_clusters=2, radius=1.0, alpha=0.0)
+  with pytest.raises(ValueError, match="radius"):
+    prfl.algorithms.momentum_clustering(shifted_quadratic, optax.sgd(0.1),
+                                        num_clusters=2, radius=jnp.ones(3))

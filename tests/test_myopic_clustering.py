@@ -1,0 +1,121 @@
+"""Tests of Myopic-Clustering against hand-computed rounds."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from prfl_jax import attacks
+from prfl_jax.algorithms.myopic_clustering import farthest_first
+from prfl_jax.algorithms.myopic_clustering import myopic_clustering
+
+
+def quadratic(x, batch):
+  """0.5 (x - c)^2 with the client's target c in the batch `[1]`."""
+  return 0.5 * jnp.mean((x - batch) ** 2)
+
+
+def linreg_federation(key, num_clusters=2, per_cluster=3, dim=4, samples=4):
+  """K clusters of linear-regression clients, batch leaves `[N, B, ...]`."""
+  a_key, x_key = jax.random.split(key)
+  n = num_clusters * per_cluster
+  a = jax.random.normal(a_key, (n, samples, dim))
+  optima = jax.random.normal(x_key, (num_clusters, dim))
+  y = jnp.einsum("nbd,nd->nb", a, jnp.repeat(optima, per_cluster, axis=0))
+  loss = lambda w, b: 0.5 * jnp.mean((b[0] @ w - b[1]) ** 2)
+  return loss, (a, y), jnp.zeros((n, dim))
+
+
+def test_farthest_first_spreads_and_respects_separation():
+  points = jnp.array([[0.0], [0.1], [5.0], [10.0]])
+  key = jax.random.PRNGKey(0)
+  for seed in range(4):
+    index = set(np.asarray(
+        farthest_first(points, 3, jax.random.PRNGKey(seed))).tolist())
+    assert len(index) == 3 and {2, 3} <= index and index & {0, 1}
+  # With separation 6 only two centres can be opened: the rest repeat the
+  # first one.
+  index = np.asarray(farthest_first(points, 3, key, separation=6.0))
+  assert len(set(index.tolist())) == 2
+  assert index[2] == index[0]
+
+
+def test_farthest_first_skips_non_finite():
+  points = jnp.array([[0.0], [jnp.nan], [1.0]])
+  for seed in range(5):
+    index = farthest_first(points, 2, jax.random.PRNGKey(seed))
+    assert 1 not in np.asarray(index).tolist()
+
+
+def test_two_rounds_match_numpy():
+  # Targets: clients 0, 1 near 0 and clients 2, 3 near 4; eta = 0.5.
+  targets = np.array([0.0, 0.4, 4.0, 4.4])
+  eta, radius = 0.5, 1.0
+  alg = myopic_clustering(quadratic, optax.sgd(eta), num_clusters=2,
+                          radius=radius, num_iters=50)
+  x = np.full(4, 2.0)
+  state = alg.init(jnp.asarray(x))
+  batch = jnp.asarray(targets)[:, None]
+  for r in range(2):
+    state, metrics = alg.step(state, batch, jax.random.PRNGKey(r))
+    g = x - targets  # Gradients at the own models.
+    # The clusters are {0, 1} and {2, 3}; Threshold-Clustering with 50
+    # iterations converges to each cluster's mean.
+    v = np.where(np.arange(4) < 2, g[:2].mean(), g[2:].mean())
+    x = x - eta * v
+    np.testing.assert_allclose(state.params, x, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(metrics["loss"],
+                               np.mean(0.5 * g ** 2), rtol=1e-5)
+    assert metrics["num_clusters"] == 2
+    a = np.asarray(state.assignment)
+    assert a[0] == a[1] and a[2] == a[3] and a[0] != a[2]
+
+
+def test_all_clients_merge_when_gradients_are_close():
+  alg = myopic_clustering(quadratic, optax.sgd(0.1), num_clusters=2,
+                          radius=0.5)
+  state = alg.init(jnp.zeros(3))
+  batch = jnp.array([[0.1], [0.2], [0.3]])
+  state, metrics = alg.step(state, batch, jax.random.PRNGKey(0))
+  assert metrics["num_clusters"] == 1
+  assert np.all(np.asarray(state.assignment) == state.assignment[0])
+
+
+def test_jit_linear_regression_with_attack():
+  loss, batch, params = linreg_federation(jax.random.PRNGKey(0))
+  byz = jnp.array([False] * 5 + [True])
+  alg = myopic_clustering(loss, optax.sgd(0.05), num_clusters=2,
+                          radius=1.0, attack=attacks.non_finite())
+  state = alg.init(params, byzantine=byz)
+  step = jax.jit(alg.step)
+  for r in range(3):
+    state, metrics = step(state, batch, jax.random.PRNGKey(r))
+  assert state.params.shape == (6, 4)
+  assert np.all(np.isfinite(np.asarray(state.params)[:5]))
+  assert all(np.isfinite(v) for v in jax.device_get(metrics).values())
+  assert state.assignment.shape == (6,) and int(state.round) == 3
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"num_clusters": 0}, "num_clusters"),
+    ({"radius": -1.0}, "radius"),
+    ({"num_iters": 0}, "num_iters"),
+    ({"separation": -1.0}, "separation"),
+])
+def test_bad_arguments(kwargs, match):
+  args = {"num_clusters": 2, "radius": 1.0}
+  args.update(kwargs)
+  with pytest.raises(ValueError, match=match):
+    myopic_clustering(quadratic, optax.sgd(0.1), **args)
+
+
+def test_bad_types_and_too_many_clusters():
+  with pytest.raises(TypeError, match="optimizer"):
+    myopic_clustering(quadratic, 0.1, num_clusters=2, radius=1.0)
+  with pytest.raises(TypeError, match="loss_fn"):
+    myopic_clustering(None, optax.sgd(0.1), num_clusters=2, radius=1.0)
+  alg = myopic_clustering(quadratic, optax.sgd(0.1), num_clusters=4,
+                          radius=1.0)
+  with pytest.raises(ValueError, match="num_clusters"):
+    alg.init(jnp.zeros(3))
