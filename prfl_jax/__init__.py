@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 from prfl_jax import algorithms
 from prfl_jax import attacks
 from prfl_jax import data
+from prfl_jax import diagnostics
 from prfl_jax.gradients import Schedule
 from prfl_jax.train import train
 from prfl_jax.train import TrainResult

@@ -48,7 +48,7 @@ def test_bipartition_is_optimal():
     members = rng.random(6) < 0.8
     if members.sum() < 2:
       continue
-    second, cross = bipartition(jnp.asarray(sim, jnp.float32),
+    second, cross = jax.jit(bipartition)(jnp.asarray(sim, jnp.float32),
                                 jnp.asarray(members))
     second = np.asarray(second)
     c1 = np.flatnonzero(members & ~second)
@@ -71,7 +71,8 @@ def test_two_rounds_match_numpy():
   # Round 1: the FedAvg mean update is 0 (stationary) and the updates are
   # large, so the cluster splits by cosine similarity; client 4 (update 0,
   # similarity 0 to everyone) joins one side.
-  state, metrics = alg.step(state, batch, jax.random.PRNGKey(0))
+  step = jax.jit(alg.step)
+  state, metrics = step(state, batch, jax.random.PRNGKey(0))
   c = np.asarray(state.clusters)
   assert c[0] == c[1] and c[2] == c[3] and c[0] != c[2]
   assert int(state.num_clusters) == 2 and metrics["split"] == 1
@@ -82,7 +83,7 @@ def test_two_rounds_match_numpy():
     new[c == k] += updates[c == k].mean(0)
   np.testing.assert_allclose(state.params, new, rtol=1e-6, atol=1e-7)
   # Round 2: the clusters are no longer stationary: plain FedAvg per cluster.
-  state, metrics = alg.step(state, batch, jax.random.PRNGKey(1))
+  state, metrics = step(state, batch, jax.random.PRNGKey(1))
   np.testing.assert_array_equal(state.clusters, c)
   x, updates = new, eta * (TARGETS - new)
   for k in set(c.tolist()):
@@ -99,7 +100,8 @@ def test_split_conditions():
     args = {"eps1": 0.1, "eps2": 0.3, "max_clusters": 4}
     args.update(kwargs)
     alg = cfl(quadratic, optax.sgd(0.5), **args)
-    state, _ = alg.step(alg.init(params), batch, jax.random.PRNGKey(0))
+    state, _ = jax.jit(alg.step)(alg.init(params), batch,
+                                 jax.random.PRNGKey(0))
     assert int(state.num_clusters) == 1, kwargs
     np.testing.assert_array_equal(state.clusters, 0)
 

@@ -97,3 +97,25 @@ def test_bad_arguments_raise_before_compiling(data):
                data._replace(clusters=data.clusters[:5]), **kw)
   with pytest.raises(TypeError, match="algorithm"):
     prfl.train(lambda: None, jnp.zeros((6, 4)), data, **kw)
+
+
+def test_assumption_constants_match_numpy():
+  rng = np.random.default_rng(0)
+  c = rng.normal(size=(5, 1, 3)).astype(np.float32)
+  x = rng.normal(size=(5, 3)).astype(np.float32)
+  clusters = np.array([0, 0, 1, 1, 1])
+  # f_j(x) = 0.5 * ||s_j * x - c_j||^2 with per-client scale s_j.
+  s = np.array([1.0, 2.0, 1.0, 0.5, 3.0], np.float32)
+  loss = lambda p, b: 0.5 * jnp.sum((b[0, 0] * p - b[0, 1:]) ** 2)
+  batch = jnp.asarray(np.concatenate([s[:, None, None], c], -1))
+  out = prfl.diagnostics.assumption_constants(loss, jnp.asarray(x), batch,
+                                              jnp.asarray(clusters))
+  grad = lambda j, p: s[j] * (s[j] * p - c[j, 0])
+  for i in range(5):
+    g = np.array([grad(j, x[i]) for j in range(5)])
+    mean = g[clusters == clusters[i]].mean(0)
+    ratio = np.sum((g[i] - mean) ** 2) / np.sum(mean ** 2)
+    inter = min(np.sum((g[i] - g[j]) ** 2) for j in range(5)
+                if clusters[j] != clusters[i])
+    np.testing.assert_allclose(out["intra_ratio"][i], ratio, rtol=1e-4)
+    np.testing.assert_allclose(out["inter_sq_dist"][i], inter, rtol=1e-4)

@@ -45,7 +45,7 @@ from prfl_jax import gradients
 from prfl_jax import tree as tree_lib
 from prfl_jax.algorithms import base
 from prfl_jax.algorithms import cluster_models
-from prfl_jax.algorithms import fedavg
+from prfl_jax.algorithms.fedavg import local_updates
 
 PyTree = Any
 
@@ -186,8 +186,8 @@ def cfl(loss_fn, optimizer: optax.GradientTransformation, *, eps1: float,
 
   def step(state: CflState, batch: PyTree, key: jax.Array):
     gradients.check_loss_fn(loss_fn, state.params, batch)  # At trace time.
-    updates, losses = fedavg.local_updates(loss_fn, optimizer, state.params,
-                                           batch, local_steps)
+    updates, losses = local_updates(loss_fn, optimizer, state.params, batch,
+                                    local_steps)
     honest_norm = base.benign_mean(base.grad_norms(updates), state.byzantine)
     updates = base.attacked(attack, updates, state.byzantine, key)
     clusters, num_clusters = split(state, updates)

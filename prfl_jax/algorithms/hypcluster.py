@@ -33,7 +33,8 @@ from prfl_jax import gradients
 from prfl_jax import tree as tree_lib
 from prfl_jax.algorithms import base
 from prfl_jax.algorithms import cluster_models
-from prfl_jax.algorithms import ifca as ifca_lib
+from prfl_jax.algorithms.ifca import check_init_scale
+from prfl_jax.algorithms.ifca import init_cluster_models
 
 PyTree = Any
 
@@ -146,12 +147,12 @@ def hypcluster(loss_fn, optimizer: optax.GradientTransformation, *,
   base.check_optimizer(optimizer)
   base.check_positive_int(num_clusters, "num_clusters")
   base.check_positive_int(local_steps, "local_steps")
-  ifca_lib.check_init_scale(init_scale)
+  check_init_scale(init_scale)
 
   def init(params, *, byzantine=None, init_models=None,
            key=None) -> HypClusterState:
     n = base.init_params(params)
-    models = ifca_lib.init_cluster_models(
+    models = init_cluster_models(
         params, num_clusters, init_models=init_models, key=key,
         init_scale=init_scale)
     assignment = jnp.zeros((n,), jnp.int32)

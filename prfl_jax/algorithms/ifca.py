@@ -36,7 +36,7 @@ from prfl_jax import gradients
 from prfl_jax import tree as tree_lib
 from prfl_jax.algorithms import base
 from prfl_jax.algorithms import cluster_models
-from prfl_jax.algorithms import fedavg
+from prfl_jax.algorithms.fedavg import local_updates
 
 PyTree = Any
 
@@ -158,8 +158,8 @@ def ifca(loss_fn, optimizer: optax.GradientTransformation, *,
     if option == 1:
       _, messages = gradients.client_grads(loss_fn, chosen, batch)
     else:
-      messages, _ = fedavg.local_updates(loss_fn, optimizer, chosen, batch,
-                                         local_steps)
+      messages, _ = local_updates(loss_fn, optimizer, chosen, batch,
+                                  local_steps)
     honest_norm = base.benign_mean(base.grad_norms(messages), state.byzantine)
     messages = base.attacked(attack, messages, state.byzantine, key)
     means, sizes = cluster_models.segment_mean(messages, assignment,

@@ -1,0 +1,1 @@
+"""Runnable experiments, one module per table or figure of the paper."""
