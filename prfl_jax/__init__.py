@@ -6,8 +6,10 @@ Federated-Clustering (Algorithm 1), Momentum-Clustering (Algorithm 3) and the
 baselines the paper compares against, on federations stored as stacked pytrees.
 """
 
+from prfl_jax import clustering
 from prfl_jax import tree
 from prfl_jax.clustering import assign
+from prfl_jax.clustering import farthest_first
 from prfl_jax.clustering import masked_quantile
 from prfl_jax.clustering import quantile_radius
 from prfl_jax.clustering import QuantileRadius

@@ -12,11 +12,21 @@ done here, with `jax.vmap`, in one place.
 The execution schedule is a tuning knob with fixed semantics (DESIGN.md):
 * `Schedule(chunk_size=None)`: one nested vmap over all models and clients,
   materialising all `N^2` gradients (`[N, N, P]`) before clustering.
+* `Schedule(chunk_size=1)`: `lax.map` over models, one model's `[N, P]`
+  gradients at a time (the fastest schedule measured on CPU, see
+  `benchmarks/bench_round.py`).
 * `Schedule(chunk_size=c)`: `lax.map` over chunks of `c` models, each chunk a
   nested vmap whose `[c, N, P]` gradients are clustered at once, so peak memory
   is `O(c * N * P)`.
 `kernel` picks the clustering kernel (`"gram"` or `"direct"`, see
 `prfl_jax.clustering`).
+
+With the Gram kernel, one model's work is: N gradients, their differences
+`y_j = g_j(x_i) - g_i(x_i)` (one elementwise pass), the `[N, N]` Gram matrix of
+the `y_j` (one GEMM per leaf), Threshold-Clustering on that `[N, N]` matrix
+(independent of the model size) and one `[N] x [N, P]` product for the centre.
+A message that is not finite shows up as a non-finite diagonal entry of the
+Gram matrix, so no separate finiteness pass over the gradients is needed.
 """
 
 import numbers
@@ -43,6 +53,7 @@ class Schedule(NamedTuple):
 
 
 def check_schedule(schedule: Schedule):
+  """Raises TypeError / ValueError unless `schedule` is a valid `Schedule`."""
   if not isinstance(schedule, Schedule):
     raise TypeError(
         f"`schedule` must be a prfl_jax.Schedule, got {type(schedule)}.")
@@ -129,6 +140,42 @@ class PairsOutput(NamedTuple):
   inside: jax.Array  # [M, N] bool: client j inside model i's final ball.
 
 
+def _masked_centred_gram(points: PyTree, center: PyTree):
+  """Centred points, their masked `[N, N]` Gram matrix and finiteness.
+
+  Same result as `clustering.centred_gram(points, center)`, but the finiteness
+  of every centred point is read off the Gram diagonal (a point with a NaN or
+  Inf coordinate, or whose squared norm overflows, has a non-finite diagonal
+  entry), which saves a pass over the `[N, P]` points.
+
+  Args:
+    points: pytree, every leaf `[N, ...]`.
+    center: unstacked pytree of the same structure (leaves `[...]`).
+
+  Returns:
+    `(centred, gram, ok)`: `centred` leaves `[N, ...]` are `z_i - v0` (not
+    masked); `gram` `[N, N]` has the rows and columns of points that are not
+    `ok` zeroed and +inf on their diagonal; `ok` `[N]` bool.
+  """
+  centred = jax.tree.map(lambda z, v: z - v[None], points, center)
+  raw = sum(
+      jnp.matmul(y.reshape(y.shape[0], -1), y.reshape(y.shape[0], -1).T,
+                 precision=lax.Precision.HIGHEST)
+      for y in jax.tree.leaves(centred))
+  ok = jnp.isfinite(jnp.diagonal(raw))
+  gram = jnp.where(ok[:, None] & ok[None, :], raw, 0.0)
+  return centred, gram + jnp.diag(jnp.where(ok, 0.0, jnp.inf)), ok
+
+
+def _combine_finite(coefs: jax.Array, centred: PyTree, ok: jax.Array,
+                    center: PyTree) -> PyTree:
+  """`v0 + sum_j coefs[j] * y_j` over the finite points (`coefs` `[N]`)."""
+  def leaf(y, v):
+    y = jnp.where(ok.reshape((-1,) + (1,) * (y.ndim - 1)), y, 0.0)
+    return v + jnp.tensordot(coefs.astype(y.dtype), y, axes=1)
+  return jax.tree.map(leaf, centred, center)
+
+
 def _cluster_one_model(loss_fn, radius, num_iters, kernel, weights, batch,
                        message_fn, key, index, x_i):
   """Clusters `{g_j(x_i)}_j` with one centre started at `g_i(x_i)`."""
@@ -137,16 +184,16 @@ def _cluster_one_model(loss_fn, radius, num_iters, kernel, weights, batch,
   own = jax.tree.map(lambda g: g[index], grads)
   if message_fn is not None:
     grads = message_fn(grads, index, jax.random.fold_in(key, index))
-  init = jax.tree.map(lambda g: g[None], own)
   if kernel == "gram":
-    gram = clustering.centred_gram(grads, own)[None]
-    coefs, info = clustering.gram_clustering_coefs(gram, radius, num_iters,
-                                                   weights)
-    center = clustering.centers_from_coefs(coefs, grads, init)
+    centred, gram, ok = _masked_centred_gram(grads, own)
+    coefs, info = clustering.gram_clustering_coefs(gram[None], radius,
+                                                   num_iters, weights)
+    center = _combine_finite(coefs[0], centred, ok, own)
   else:
+    init = jax.tree.map(lambda g: g[None], own)
     center, info = clustering.threshold_clustering_with_info(
         grads, init, radius=radius, num_iters=num_iters, weights=weights)
-  center = jax.tree.map(lambda c: c[0], center)
+    center = jax.tree.map(lambda c: c[0], center)
   return PairsOutput(center, losses[index], own, info.inside[0])
 
 
@@ -175,11 +222,19 @@ def cluster_at_models(loss_fn: LossFn, params: PyTree, batch: PyTree, *,
 
   Returns:
     `PairsOutput` with leading axis N.
+
+  Raises:
+    ValueError: if `weights` is not `[N]`, or `message_fn` comes without `key`.
+    TypeError: if `schedule` is not a `Schedule`.
   """
   check_schedule(schedule)
   n = tree_lib.num_leading(params, "params")
   if weights is None:
     weights = jnp.ones((n,), jnp.float32)
+  elif np.shape(weights) != (n,):
+    raise ValueError(
+        f"`weights` must have shape [{n}] (one per client), got "
+        f"{np.shape(weights)}.")
   if message_fn is not None and key is None:
     raise ValueError("`key` is required when `message_fn` is given.")
   fn = lambda args: _cluster_one_model(
@@ -188,4 +243,8 @@ def cluster_at_models(loss_fn: LossFn, params: PyTree, batch: PyTree, *,
   xs = (jnp.arange(n), params)
   if schedule.chunk_size is None or schedule.chunk_size >= n:
     return jax.vmap(fn)(xs)
+  if schedule.chunk_size == 1:
+    # A plain scan over models: XLA:CPU lays out the body's dots without the
+    # transposes and copies that a size-1 vmap inside lax.map introduces.
+    return lax.map(fn, xs)
   return lax.map(fn, xs, batch_size=schedule.chunk_size)

@@ -7,7 +7,7 @@ import optax
 import pytest
 
 from prfl_jax import attacks
-from prfl_jax.algorithms.myopic_clustering import farthest_first
+from prfl_jax.clustering import farthest_first
 from prfl_jax.algorithms.myopic_clustering import myopic_clustering
 
 

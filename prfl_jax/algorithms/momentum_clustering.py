@@ -26,36 +26,6 @@ from prfl_jax.algorithms import base
 PyTree = Any
 
 
-def farthest_first(points: PyTree, num_centers: int, key: jax.Array) -> PyTree:
-  """K centres by farthest-first traversal (Gonzalez, 1985).
-
-  Points that are not finite are never chosen (unless all are).
-
-  Args:
-    points: pytree, every leaf `[N, ...]`.
-    num_centers: K <= N.
-    key: picks the first centre uniformly among finite points.
-
-  Returns:
-    pytree, every leaf `[K, ...]`.
-  """
-  n = tree_lib.num_leading(points, "points")
-  finite = tree_lib.all_finite(points)
-  first = jax.random.choice(key, n, p=finite / jnp.maximum(jnp.sum(finite), 1))
-
-  def body(k, carry):
-    chosen, mind = carry
-    centre = jax.tree.map(lambda z: z[chosen[k - 1]][None], points)
-    d = tree_lib.sq_distances(points, centre)[:, 0]
-    mind = jnp.minimum(mind, jnp.where(finite & jnp.isfinite(d), d, -1.0))
-    return chosen.at[k].set(jnp.argmax(mind)), mind
-
-  chosen = jnp.zeros((num_centers,), jnp.int32).at[0].set(first)
-  mind = jnp.where(finite, jnp.inf, -1.0)
-  chosen, _ = lax.fori_loop(1, num_centers, body, (chosen, mind))
-  return tree_lib.take(points, chosen)
-
-
 class MomentumClusteringState(NamedTuple):
   """State of Momentum-Clustering."""
   params: PyTree  # leaves [N, ...]: personalized models x_i.
@@ -119,7 +89,8 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
                             grads, state.momentum)
     messages = base.attacked(attack, momentum, state.byzantine, attack_key)
     prev = lax.cond(state.round == 0,
-                    lambda: farthest_first(messages, num_clusters, init_key),
+                    lambda: tree_lib.take(messages, clustering.farthest_first(
+                        messages, num_clusters, init_key)),
                     lambda: state.centers)
     centers = clustering.threshold_clustering(
         messages, prev, radius=radius, num_iters=num_iters, method=method)

@@ -24,7 +24,6 @@ The server's clustering, every round:
 from typing import Any, NamedTuple
 
 import jax
-from jax import lax
 import jax.numpy as jnp
 import optax
 
@@ -35,44 +34,6 @@ from prfl_jax.algorithms import base
 from prfl_jax.algorithms import cluster_models
 
 PyTree = Any
-
-
-def farthest_first(points: PyTree, num_centers: int, key: jax.Array, *,
-                   separation=0.0) -> jax.Array:
-  """Farthest-first traversal: indices of K well-spread points.
-
-  Args:
-    points: pytree, every leaf `[N, ...]`.
-    num_centers: number of centres K (static, <= N).
-    key: PRNG key choosing the first centre uniformly among finite points.
-    separation: a new centre is opened only if the farthest point is more
-      than `separation` away from every open centre; the unopened slots
-      repeat the first centre's index.
-
-  Returns:
-    `[K]` int32 indices into the points.
-  """
-  tree_lib.num_leading(points, "points")
-  finite = tree_lib.all_finite(points)
-  start = jax.random.categorical(key, jnp.where(finite, 0.0, -jnp.inf))
-  start = jnp.where(jnp.any(finite), start, 0).astype(jnp.int32)
-  sep2 = jnp.square(jnp.asarray(separation, jnp.float32))
-
-  def sq_dist_to(j):
-    d2 = tree_lib.sq_distances(points, tree_lib.take(points, j[None]))[:, 0]
-    return jnp.where(finite, jnp.nan_to_num(d2, nan=jnp.inf), -jnp.inf)
-
-  def body(k, carry):
-    index, min_d2 = carry
-    j = jnp.argmax(min_d2).astype(jnp.int32)
-    opened = min_d2[j] > sep2
-    index = index.at[k].set(jnp.where(opened, j, start))
-    min_d2 = jnp.where(opened, jnp.minimum(min_d2, sq_dist_to(j)), min_d2)
-    return index, min_d2
-
-  index = jnp.full((num_centers,), start, jnp.int32)
-  index, _ = lax.fori_loop(1, num_centers, body, (index, sq_dist_to(start)))
-  return index
 
 
 class MyopicClusteringState(NamedTuple):
@@ -140,7 +101,7 @@ def myopic_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
     attack_key, start_key = jax.random.split(key)
     losses, grads = gradients.client_grads(loss_fn, state.params, batch)
     messages = base.attacked(attack, grads, state.byzantine, attack_key)
-    index = farthest_first(messages, num_clusters, start_key,
+    index = clustering.farthest_first(messages, num_clusters, start_key,
                            separation=separation)
     centers = clustering.threshold_clustering(
         messages, tree_lib.take(messages, index), radius=radius,

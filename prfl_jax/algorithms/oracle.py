@@ -13,7 +13,9 @@ import numpy as np
 import optax
 
 from prfl_jax import gradients
+from prfl_jax import tree as tree_lib
 from prfl_jax.algorithms import base
+from prfl_jax.algorithms import cluster_models
 
 PyTree = Any
 
@@ -24,29 +26,6 @@ class OracleState(NamedTuple):
   opt_state: PyTree  # leaves [N, ...]: per-client optimizer state.
   byzantine: jax.Array  # [N] bool: malicious clients, excluded from the means.
   round: jax.Array  # [] int32: rounds done.
-
-
-def cluster_means(values: PyTree, clusters: jax.Array, weights: jax.Array,
-                  num_clusters: int) -> PyTree:
-  """Weighted mean of `values` within each cluster, gathered back per client.
-
-  Args:
-    values: leaves `[N, ...]`.
-    clusters: `[N]` int cluster ids in `[0, num_clusters)`.
-    weights: `[N]` non-negative weights.
-    num_clusters: number of clusters K.
-
-  Returns:
-    leaves `[N, ...]`: row i is the mean over client i's cluster (0 for an
-    empty cluster).
-  """
-  totals = jax.ops.segment_sum(weights, clusters, num_clusters)
-  def mean(v):
-    w = weights.reshape((-1,) + (1,) * (v.ndim - 1)).astype(v.dtype)
-    sums = jax.ops.segment_sum(w * v, clusters, num_clusters)
-    t = totals.reshape((-1,) + (1,) * (v.ndim - 1)).astype(v.dtype)
-    return (sums / jnp.where(t > 0, t, 1.0))[clusters]
-  return jax.tree.map(mean, values)
 
 
 def oracle(loss_fn, optimizer: optax.GradientTransformation, *,
@@ -88,7 +67,9 @@ def oracle(loss_fn, optimizer: optax.GradientTransformation, *,
     del key  # Unused.
     losses, grads = gradients.client_grads(loss_fn, state.params, batch)
     weights = (~state.byzantine).astype(jnp.float32)
-    directions = cluster_means(grads, clusters, weights, num_clusters)
+    means, _ = cluster_models.segment_mean(grads, clusters, num_clusters,
+                                           weights)
+    directions = tree_lib.take(means, clusters)
     params, opt_state = base.apply_updates(optimizer, directions,
                                            state.opt_state, state.params)
     metrics = {
