@@ -19,6 +19,7 @@ from prfl_jax.clustering import threshold_clustering_with_info
 __version__ = "0.1.0"
 from prfl_jax import algorithms
 from prfl_jax import attacks
+from prfl_jax import checkpoint
 from prfl_jax import data
 from prfl_jax import diagnostics
 from prfl_jax.gradients import Schedule

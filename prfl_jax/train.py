@@ -19,6 +19,7 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
+from prfl_jax import checkpoint
 from prfl_jax.algorithms import base
 from prfl_jax.data import federated
 
@@ -79,12 +80,14 @@ def train(algorithm: base.Algorithm, params: PyTree,
           batch_size: Optional[int] = None, eval_fn: Optional[EvalFn] = None,
           eval_every: Optional[int] = None, byzantine=None,
           verbose: bool = True, log: Callable[[str], None] = None,
+          initial_state: Any = None, checkpoint_path: Optional[str] = None,
           ) -> TrainResult:
   """Runs `num_rounds` rounds of `algorithm` on `data`.
 
   Args:
     algorithm: an `Algorithm(init, step)`.
-    params: initial models, leaves `[N, ...]` (see `prfl_jax.tree.broadcast`).
+    params: initial models, leaves `[N, ...]` (see `prfl_jax.tree.broadcast`);
+      may be None when `initial_state` is given.
     data: the federation; `data.train` leaves `[N, M, ...]`.
     num_rounds: number of rounds T.
     key: PRNG key; the same key gives the same numbers.
@@ -95,6 +98,11 @@ def train(algorithm: base.Algorithm, params: PyTree,
     byzantine: optional `[N]` bool mask of malicious clients.
     verbose: print progress after every chunk.
     log: where progress lines go (default: stderr).
+    initial_state: resume from this state (e.g. `prfl.checkpoint.restore`d)
+      instead of `algorithm.init(params, byzantine=byzantine)`; `num_rounds`
+      more rounds are run and the history's rounds continue its count.
+    checkpoint_path: if set, the state is saved there (atomically) after every
+      chunk, so an interrupted run can resume.
 
   Returns:
     `TrainResult(state, history)`. `history` holds numpy arrays:
@@ -109,6 +117,8 @@ def train(algorithm: base.Algorithm, params: PyTree,
     raise TypeError(f"`algorithm` must be a prfl_jax Algorithm, got "
                     f"{type(algorithm)}.")
   _check_int(num_rounds, "num_rounds")
+  if params is None and initial_state is not None:
+    params = initial_state.params
   n = federated.check_data(data)
   n_params = base.init_params(params)
   if n_params != n:
@@ -124,7 +134,11 @@ def train(algorithm: base.Algorithm, params: PyTree,
   clusters = np.asarray(data.clusters)
   num_clusters = int(clusters.max()) + 1 if clusters.size else 1
 
-  state = algorithm.init(params, byzantine=byzantine)
+  if initial_state is None:
+    state = algorithm.init(params, byzantine=byzantine)
+  else:
+    state = initial_state
+  start_round = int(getattr(state, "round", 0))
 
   def evaluate(state, test):
     if eval_fn is None:
@@ -148,7 +162,7 @@ def train(algorithm: base.Algorithm, params: PyTree,
   start = time.perf_counter()
   evals = [jax.device_get(run_eval(state, data.test))]
   elapsed = [0.0]
-  eval_rounds = [0]
+  eval_rounds = [start_round]
   train_metrics = []
   done = 0
   for c in range(num_chunks):
@@ -159,17 +173,20 @@ def train(algorithm: base.Algorithm, params: PyTree,
     done += length
     train_metrics.append(metrics)
     evals.append(ev)
-    eval_rounds.append(done)
+    eval_rounds.append(start_round + done)
+    if checkpoint_path is not None:
+      checkpoint.save(checkpoint_path, state)
     now = time.perf_counter() - start
     elapsed.append(now)
     if verbose:
       left = now / done * (num_rounds - done)
       last = {f"train/{k}": v[-1] for k, v in metrics.items()}
       last.update({f"eval/{k}": v for k, v in ev.items()})
-      log(f"[round {done}/{num_rounds}] {_format(last)} | {now:.1f}s elapsed, "
+      log(f"[round {start_round + done}/{start_round + num_rounds}] {_format(last)} | {now:.1f}s elapsed, "
           f"~{left:.1f}s left")
 
-  history = {"round": np.arange(1, num_rounds + 1)}
+  history = {"round": np.arange(start_round + 1,
+                               start_round + num_rounds + 1)}
   for name in (train_metrics[0] if train_metrics else {}):
     history[f"train/{name}"] = np.concatenate(
         [np.asarray(m[name]) for m in train_metrics])

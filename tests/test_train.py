@@ -119,3 +119,26 @@ def test_assumption_constants_match_numpy():
                 if clusters[j] != clusters[i])
     np.testing.assert_allclose(out["intra_ratio"][i], ratio, rtol=1e-4)
     np.testing.assert_allclose(out["inter_sq_dist"][i], inter, rtol=1e-4)
+
+
+def test_checkpoint_resume_continues_the_same_run(data, tmp_path):
+  alg = prfl.algorithms.federated_clustering(
+      prfl.data.regression_loss, optax.sgd(1e-2, momentum=0.9),
+      radius=prfl.quantile_radius(0.5))
+  kw = dict(key=jax.random.key(0), eval_every=3, verbose=False,
+            eval_fn=prfl.data.regression_eval)
+  ckpt = str(tmp_path / "run" / "state.msgpack")
+  first = prfl.train(alg, jnp.zeros((6, 4)), data, num_rounds=6,
+                     checkpoint_path=ckpt, **kw)
+  restored = prfl.checkpoint.restore(ckpt, alg.init(jnp.zeros((6, 4))))
+  np.testing.assert_array_equal(restored.params, first.state.params)
+  np.testing.assert_array_equal(restored.opt_state[0].trace,
+                                first.state.opt_state[0].trace)
+  assert int(restored.round) == 6
+  resumed = prfl.train(alg, None, data, num_rounds=3, initial_state=restored,
+                       **kw)
+  np.testing.assert_array_equal(resumed.history["round"], [7, 8, 9])
+  np.testing.assert_array_equal(resumed.history["eval_round"], [6, 9])
+  assert not list((tmp_path / "run").glob(".tmp-*"))
+  with pytest.raises(ValueError, match="does not match"):
+    prfl.checkpoint.restore(ckpt, alg.init(jnp.zeros((5, 4))))

@@ -1,0 +1,355 @@
+"""Figures 2 and 3 of Werner et al. (2023) on the synthetic federation (§5.1).
+
+Figure 3: the error `||x_i - x*||` over rounds of every algorithm, each at the
+best learning rate of its own grid, for (K, n_i) in {(4, 4), (4, 16), (16, 4)}.
+Figure 2: the empirical constants of Assumptions 4 and 5 (`A^2`, `Delta^2`)
+along a run with perfect clustering assignments (the ground-truth oracle).
+
+  python -m experiments.synthetic                 # defaults, a few minutes
+  python -m experiments.synthetic --settings 4x4 --rounds 500 --out /tmp/s
+
+Writes `results.json`, `summary.csv`, `figure3.png` and `figure2.png` to
+`--out` and prints a summary table.
+"""
+
+import argparse
+import dataclasses
+import functools
+import itertools
+import sys
+import time
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+import numpy as np
+import optax
+
+import prfl_jax as prfl
+from experiments import common
+
+LOSS = prfl.data.regression_loss
+SOLVED = 1e-2  # A client is "solved" when ||x_i - x*|| < SOLVED.
+
+
+@dataclasses.dataclass
+class Config:
+  """Experiment configuration (defaults reproduce Figures 2 and 3)."""
+  settings: tuple = ((4, 4), (4, 16), (16, 4))  # (K, n_i).
+  algorithms: tuple = ("fc", "mc", "myopic", "ifca", "ifca2", "cfl", "ditto",
+                       "oracle", "local", "global")
+  num_rounds: int = 2000
+  eval_every: int = 100
+  lrs: tuple = (0.001, 0.003, 0.01, 0.02)
+  quantiles: tuple = (0.05, 0.1, 0.2)  # Radius rules tried for FC / MC.
+  momentum: float = 0.9  # Heavy-ball momentum of every client optimizer.
+  num_iters: int = 10  # Threshold-Clustering steps (the paper's l = 10).
+  mc_alpha: float = 0.1  # Momentum-Clustering's alpha.
+  local_steps: int = 3  # IFCA II, Clustered FL, Ditto (9 samples = 3 x 3).
+  cfl_eps: tuple = (1.0, 2.0)  # Clustered FL's (eps1, eps2).
+  dim: int = 10
+  num_samples: int = 9
+  batch_size: Optional[int] = None  # None: full local data (9 samples).
+  seed: int = 0
+  out: str = "results/synthetic"
+
+
+@dataclasses.dataclass
+class Method:
+  """How to build one algorithm from (lr, radius quantile or None)."""
+  label: str
+  build: Callable
+  uses_quantile: bool = False
+
+
+def methods(data, cfg: Config, num_clusters: int) -> dict:
+  """Every algorithm of Figure 3 by name."""
+  opt = lambda lr: optax.sgd(lr, momentum=cfg.momentum or None)
+  table = {
+      "fc": Method("Federated-Clustering", lambda lr, q: (
+          prfl.algorithms.federated_clustering(
+              LOSS, opt(lr), radius=prfl.quantile_radius(q),
+              num_iters=cfg.num_iters)), True),
+      # Momentum-Clustering has its own momentum (alpha): plain SGD on top.
+      "mc": Method("Momentum-Clustering", lambda lr, q: (
+          prfl.algorithms.momentum_clustering(
+              LOSS, optax.sgd(lr), num_clusters=num_clusters,
+              radius=prfl.quantile_radius(q), num_iters=cfg.num_iters,
+              alpha=cfg.mc_alpha)), True),
+      "oracle": Method("Ground truth (oracle)", lambda lr, q: (
+          prfl.algorithms.oracle(LOSS, opt(lr), clusters=data.clusters))),
+      "local": Method("Local", lambda lr, q: prfl.algorithms.local(
+          LOSS, opt(lr))),
+      "global": Method("Global (FedAvg)", lambda lr, q: (
+          prfl.algorithms.fedavg(LOSS, opt(lr)))),
+      "myopic": Method("Myopic-Clustering", lambda lr, q: (
+          prfl.algorithms.myopic_clustering(
+              LOSS, opt(lr), num_clusters=num_clusters,
+              radius=prfl.quantile_radius(q), num_iters=cfg.num_iters)), True),
+      "ifca": Method("IFCA (Option I)", lambda lr, q: _with_init_key(
+          prfl.algorithms.ifca(LOSS, opt(lr), num_clusters=num_clusters,
+                               option=1), cfg.seed)),
+      "ifca2": Method(f"IFCA (Option II, {cfg.local_steps} local steps)",
+                      lambda lr, q: _with_init_key(prfl.algorithms.ifca(
+                          LOSS, opt(lr), num_clusters=num_clusters, option=2,
+                          local_steps=cfg.local_steps), cfg.seed)),
+      "cfl": Method("Clustered FL", lambda lr, q: prfl.algorithms.cfl(
+          LOSS, opt(lr), eps1=cfg.cfl_eps[0], eps2=cfg.cfl_eps[1],
+          max_clusters=2 * num_clusters, local_steps=cfg.local_steps)),
+      "ditto": Method("Ditto (lambda=1)", lambda lr, q: prfl.algorithms.ditto(
+          LOSS, opt(lr), lam=1.0, local_steps=cfg.local_steps)),
+  }
+  return table
+
+
+def _with_init_key(alg, seed):
+  """IFCA draws its K initial cluster models from a key given to `init`."""
+  return alg._replace(init=functools.partial(
+      alg.init, key=jax.random.fold_in(jax.random.key(seed), 7)))
+
+
+def parse_settings(text: str) -> tuple:
+  out = []
+  for part in text.split(","):
+    try:
+      k, n = (int(v) for v in part.lower().split("x"))
+    except ValueError:
+      raise ValueError(f"`--settings` must look like '4x4,4x16', got "
+                       f"{text!r}.") from None
+    if k < 1 or n < 1:
+      raise ValueError(f"`--settings` sizes must be positive, got {part!r}.")
+    out.append((k, n))
+  return tuple(out)
+
+
+def validate(cfg: Config):
+  """Raises ValueError on a bad configuration, before anything runs."""
+  unknown = set(cfg.algorithms) - set(methods(None, cfg, 1))
+  if unknown:
+    raise ValueError(f"`algorithms` has unknown names {sorted(unknown)}; "
+                     f"known: {sorted(methods(None, cfg, 1))}.")
+  if cfg.num_rounds < 1 or cfg.eval_every < 1:
+    raise ValueError("`num_rounds` and `eval_every` must be >= 1.")
+  if not cfg.lrs or any(lr <= 0 for lr in cfg.lrs):
+    raise ValueError(f"`lrs` must be positive, got {cfg.lrs}.")
+  if not cfg.quantiles or any(not 0 <= q <= 1 for q in cfg.quantiles):
+    raise ValueError(f"`quantiles` must lie in [0, 1], got {cfg.quantiles}.")
+  if cfg.batch_size is not None and not 1 <= cfg.batch_size <= cfg.num_samples:
+    raise ValueError(f"`batch_size` must be in [1, {cfg.num_samples}].")
+  if not 0 <= cfg.momentum < 1:
+    raise ValueError(f"`momentum` must be in [0, 1), got {cfg.momentum}.")
+
+
+def run_grid(cfg: Config, log=print) -> dict:
+  """Every (setting, algorithm, lr, quantile) run; returns the results dict."""
+  grid = []
+  for setting in cfg.settings:
+    for name in cfg.algorithms:
+      uses_q = methods(None, cfg, 1)[name].uses_quantile
+      for lr, q in itertools.product(cfg.lrs,
+                                     cfg.quantiles if uses_q else (None,)):
+        grid.append((setting, name, lr, q))
+  runs, start = [], time.perf_counter()
+  data_cache = {}
+  for idx, (setting, name, lr, q) in enumerate(grid):
+    if setting not in data_cache:
+      data_cache[setting] = prfl.data.synthetic_regression(
+          jax.random.key(cfg.seed), num_clusters=setting[0],
+          clients_per_cluster=setting[1], dim=cfg.dim,
+          num_samples=cfg.num_samples)[0]
+    data = data_cache[setting]
+    n = setting[0] * setting[1]
+    alg = methods(data, cfg, setting[0])[name].build(lr, q)
+    t0 = time.perf_counter()
+    result = prfl.train(alg, jnp.zeros((n, cfg.dim)), data,
+                        num_rounds=cfg.num_rounds,
+                        key=jax.random.key(cfg.seed + 1),
+                        batch_size=cfg.batch_size,
+                        eval_fn=prfl.data.regression_eval,
+                        eval_every=cfg.eval_every, verbose=False)
+    h = result.history
+    err = h["eval/error"]
+    final = float(err[-1]) if np.isfinite(err[-1]) else float("inf")
+    client_err = np.linalg.norm(np.asarray(result.state.params) -
+                                np.asarray(data.test["x_star"]), axis=1)
+    runs.append({"setting": f"{setting[0]}x{setting[1]}", "algorithm": name,
+                 "lr": lr, "quantile": q, "final_error": final,
+                 "final_client_errors": client_err,
+                 "final_error_per_cluster": h["eval/error/per_cluster"][-1],
+                 "eval_round": h["eval_round"], "error": err,
+                 "seconds": time.perf_counter() - t0})
+    done = idx + 1
+    elapsed = time.perf_counter() - start
+    log(f"[{done}/{len(grid)}] {setting[0]}x{setting[1]} {name:7s} lr={lr:<6g}"
+        f" q={q if q is not None else '-':<4} final error {final:.3g} "
+        f"({runs[-1]['seconds']:.1f}s; ~{elapsed / done * (len(grid) - done):.0f}"
+        f"s left)")
+  return runs
+
+
+def best_runs(runs: list) -> dict:
+  """(setting, algorithm) -> the run with the lowest final error."""
+  best = {}
+  for r in runs:
+    key = (r["setting"], r["algorithm"])
+    if key not in best or r["final_error"] < best[key]["final_error"]:
+      best[key] = r
+  return best
+
+
+def assumption_trace(cfg: Config, setting: tuple, lr: float,
+                     num_rounds: int) -> dict:
+  """A^2 and Delta^2 estimates at every round of a ground-truth run (Fig. 2).
+
+  One `lax.scan` over oracle rounds that also evaluates the diagnostics.
+  """
+  data = prfl.data.synthetic_regression(
+      jax.random.key(cfg.seed), num_clusters=setting[0],
+      clients_per_cluster=setting[1], dim=cfg.dim,
+      num_samples=cfg.num_samples)[0]
+  n = setting[0] * setting[1]
+  alg = prfl.algorithms.oracle(
+      LOSS, optax.sgd(lr, momentum=cfg.momentum or None),
+      clusters=data.clusters)
+
+  @jax.jit
+  def run(state, key):
+    def body(state, k):
+      consts = prfl.diagnostics.assumption_constants(
+          LOSS, state.params, data.train, data.clusters)
+      state, _ = alg.step(state, data.train, k)
+      return state, consts
+    return lax.scan(body, state, jax.random.split(key, num_rounds))
+
+  _, consts = run(alg.init(jnp.zeros((n, cfg.dim))), jax.random.key(cfg.seed))
+  return {k: np.asarray(v) for k, v in consts.items()}
+
+
+def plot_figure3(best: dict, cfg: Config, path: str):
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  settings = [f"{k}x{n}" for k, n in cfg.settings]
+  fig, axes = plt.subplots(1, len(settings), figsize=(5 * len(settings), 4),
+                           squeeze=False)
+  labels = {k: m.label for k, m in methods(None, cfg, 1).items()}
+  for ax, s in zip(axes[0], settings):
+    for name in cfg.algorithms:
+      r = best.get((s, name))
+      if r is None:
+        continue
+      q = f", q={r['quantile']}" if r["quantile"] is not None else ""
+      ax.semilogy(r["eval_round"], np.maximum(r["error"], 1e-8),
+                  label=f"{labels[name]} (lr={r['lr']}{q})")
+    k, n = s.split("x")
+    ax.set_title(f"K={k}, n_i={n}")
+    ax.set_xlabel("round")
+    ax.set_ylabel(r"mean $\|x_i - x^\star\|$ (benign clients)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+  fig.suptitle("Synthetic linear regression (Werner et al. 2023, Fig. 3)")
+  common.save_figure(fig, path)
+  plt.close(fig)
+
+
+def plot_figure2(consts: dict, clusters: np.ndarray, path: str):
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+  titles = {"intra_ratio": (r"intra-cluster ratio (bounded by $A^2$)", max),
+            "inter_sq_dist": (r"inter-cluster $\|\nabla f_i - \nabla f_j\|^2$"
+                              r" (bounded below by $\Delta^2$)", min)}
+  for ax, (name, (title, bound)) in zip(axes, titles.items()):
+    v = consts[name]  # [T, N]
+    rounds = np.arange(v.shape[0])
+    ax.semilogy(rounds, v, color="0.8", lw=0.5)
+    for k in np.unique(clusters):
+      ax.semilogy(rounds, v[:, clusters == k].mean(1), color="k", lw=1)
+    b = bound(np.nanmax(v) if bound is max else np.nanmin(v), 0.0)
+    ax.axhline(max(b, 1e-12), color="r", ls="--",
+               label=f"empirical bound {b:.3g}")
+    ax.set_title(title)
+    ax.set_xlabel("round")
+    ax.legend()
+  fig.suptitle("Assumptions 4 and 5 along a ground-truth run "
+               "(Werner et al. 2023, Fig. 2)")
+  common.save_figure(fig, path)
+  plt.close(fig)
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--settings", default="4x4,4x16,16x4",
+                 help="comma-separated KxN_I settings")
+  p.add_argument("--algorithms", default=",".join(Config.algorithms))
+  p.add_argument("--rounds", type=int, default=Config.num_rounds)
+  p.add_argument("--eval-every", type=int, default=Config.eval_every)
+  p.add_argument("--lrs", default=",".join(map(str, Config.lrs)))
+  p.add_argument("--quantiles", default=",".join(map(str, Config.quantiles)))
+  p.add_argument("--momentum", type=float, default=Config.momentum)
+  p.add_argument("--batch-size", type=int, default=None)
+  p.add_argument("--seed", type=int, default=Config.seed)
+  p.add_argument("--out", default=Config.out)
+  p.add_argument("--no-plots", action="store_true")
+  args = p.parse_args(argv)
+  try:
+    cfg = Config(settings=parse_settings(args.settings),
+                 algorithms=tuple(a for a in args.algorithms.split(",") if a),
+                 num_rounds=args.rounds, eval_every=args.eval_every,
+                 lrs=tuple(float(v) for v in args.lrs.split(",")),
+                 quantiles=tuple(float(v) for v in args.quantiles.split(",")),
+                 momentum=args.momentum, batch_size=args.batch_size,
+                 seed=args.seed, out=args.out)
+    validate(cfg)
+  except ValueError as e:
+    p.error(str(e))
+
+  log = lambda s: print(s, flush=True)
+  log(f"Synthetic federation: settings {cfg.settings}, {cfg.num_rounds} rounds,"
+      f" lrs {cfg.lrs}, quantiles {cfg.quantiles}, momentum {cfg.momentum}")
+  runs = run_grid(cfg, log)
+  best = best_runs(runs)
+
+  first = cfg.settings[0]
+  oracle_lr = best.get((f"{first[0]}x{first[1]}", "oracle"), {"lr": cfg.lrs[0]})
+  consts = assumption_trace(cfg, first, oracle_lr["lr"],
+                            min(cfg.num_rounds, 300))
+  clusters = np.repeat(np.arange(first[0]), first[1])
+
+  rows = []
+  for (s, name), r in best.items():
+    rows.append({"setting": s, "algorithm": name, "best_lr": r["lr"],
+                 "quantile": "" if r["quantile"] is None else r["quantile"],
+                 "final_error": f"{r['final_error']:.4g}",
+                 "median_client_error":
+                     f"{float(np.median(r['final_client_errors'])):.3g}",
+                 "clients_solved": "{}/{}".format(
+                     int(np.sum(r["final_client_errors"] < SOLVED)),
+                     len(r["final_client_errors"])),
+                 "worst_cluster_error":
+                     f"{float(np.max(r['final_error_per_cluster'])):.4g}"})
+  a2 = float(np.nanmax(consts["intra_ratio"]))
+  d2 = float(np.nanmin(consts["inter_sq_dist"]))
+  common.write_json(f"{cfg.out}/results.json", {
+      "config": dataclasses.asdict(cfg), "runs": runs,
+      "best": rows, "assumptions": {"setting": f"{first[0]}x{first[1]}",
+                                    "A2_estimate": a2, "Delta2_estimate": d2,
+                                    **consts}})
+  common.write_csv(f"{cfg.out}/summary.csv", rows)
+  if not args.no_plots:
+    plot_figure3(best, cfg, f"{cfg.out}/figure3.png")
+    plot_figure2(consts, clusters, f"{cfg.out}/figure2.png")
+  log("\nFinal error ||x_i - x*|| at the best grid point (mean, worst cluster, "
+      f"median client; solved: error < {SOLVED:g}):")
+  log(common.format_table(list(rows[0]), [list(r.values()) for r in rows]))
+  log(f"\nAssumptions 4-5 along the oracle run ({first[0]}x{first[1]}): "
+      f"A^2 <= {a2:.3g}, Delta^2 >= {d2:.3g}")
+  log(f"Wrote {cfg.out}/results.json, summary.csv"
+      + ("" if args.no_plots else ", figure3.png, figure2.png"))
+  return runs
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])
