@@ -30,8 +30,10 @@ def assumption_constants(loss_fn, params: PyTree, batch: PyTree,
     clusters: `[N]` int true clusters.
 
   Returns:
-    `{"intra_ratio": [N], "inter_sq_dist": [N]}` (`inter_sq_dist` is +inf for
-    a client when every client is in its cluster).
+    `{"intra_ratio": [N], "inter_sq_dist": [N], "cluster_grad_sq": [N]}`
+    (`inter_sq_dist` is +inf for a client when every client is in its
+    cluster; `cluster_grad_sq` is `||grad f_bar_i(x_i)||^2`, the ratio's
+    denominator, which tells when the ratio is dominated by rounding).
   """
   _, grads = gradients.all_pairs_grads(loss_fn, params, batch)  # [N, N, ...]
   same = (clusters[:, None] == clusters[None, :]).astype(jnp.float32)
@@ -43,8 +45,11 @@ def assumption_constants(loss_fn, params: PyTree, batch: PyTree,
     diff = jax.tree.map(jnp.subtract, own, mean)
     ratio = tree_lib.vdot(diff, diff) / tree_lib.vdot(mean, mean)
     d2 = tree_lib.sq_distances(jax.tree.map(lambda x: x[i][None], g), g)[0]
-    return ratio, jnp.min(jnp.where(mask, jnp.inf, d2))
+    return ratio, jnp.min(jnp.where(mask, jnp.inf, d2)), tree_lib.vdot(
+        mean, mean)
 
   n = clusters.shape[0]
-  ratio, inter = jax.vmap(per_model)(grads, weights, jnp.arange(n), same > 0)
-  return {"intra_ratio": ratio, "inter_sq_dist": inter}
+  ratio, inter, mean_sq = jax.vmap(per_model)(grads, weights, jnp.arange(n),
+                                              same > 0)
+  return {"intra_ratio": ratio, "inter_sq_dist": inter,
+          "cluster_grad_sq": mean_sq}
