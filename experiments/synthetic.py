@@ -42,8 +42,12 @@ class Config:
                        "oracle", "local", "global")
   num_rounds: int = 2000
   eval_every: int = 100
-  lrs: tuple = (0.001, 0.003, 0.01, 0.02)
-  quantiles: tuple = (0.05, 0.1, 0.2)  # Radius rules tried for FC / MC.
+  # Learning rates as fractions of the heavy-ball stability limit
+  # 2 (1 + momentum) / lambda_max, lambda_max ~ d K^2 + 1 for the cluster with
+  # feature mean K (the stiffest); `lrs` (absolute) overrides them.
+  lr_fractions: tuple = (0.1, 0.4, 0.8)
+  lrs: Optional[tuple] = None
+  quantiles: tuple = (0.05, 0.1)  # Radius rules tried for FC, MC, Myopic.
   momentum: float = 0.9  # Heavy-ball momentum of every client optimizer.
   num_iters: int = 10  # Threshold-Clustering steps (the paper's l = 10).
   mc_alpha: float = 0.1  # Momentum-Clustering's alpha.
@@ -132,8 +136,11 @@ def validate(cfg: Config):
                      f"known: {sorted(methods(None, cfg, 1))}.")
   if cfg.num_rounds < 1 or cfg.eval_every < 1:
     raise ValueError("`num_rounds` and `eval_every` must be >= 1.")
-  if not cfg.lrs or any(lr <= 0 for lr in cfg.lrs):
+  if cfg.lrs is not None and (not cfg.lrs or any(lr <= 0 for lr in cfg.lrs)):
     raise ValueError(f"`lrs` must be positive, got {cfg.lrs}.")
+  if not cfg.lr_fractions or any(f <= 0 for f in cfg.lr_fractions):
+    raise ValueError(
+        f"`lr_fractions` must be positive, got {cfg.lr_fractions}.")
   if not cfg.quantiles or any(not 0 <= q <= 1 for q in cfg.quantiles):
     raise ValueError(f"`quantiles` must lie in [0, 1], got {cfg.quantiles}.")
   if cfg.batch_size is not None and not 1 <= cfg.batch_size <= cfg.num_samples:
@@ -142,13 +149,21 @@ def validate(cfg: Config):
     raise ValueError(f"`momentum` must be in [0, 1), got {cfg.momentum}.")
 
 
+def learning_rates(cfg: Config, num_clusters: int) -> tuple:
+  """The learning-rate grid of a setting (rounded to 2 significant digits)."""
+  if cfg.lrs is not None:
+    return tuple(cfg.lrs)
+  limit = 2 * (1 + cfg.momentum) / (cfg.dim * num_clusters ** 2 + 1)
+  return tuple(float(f"{f * limit:.2g}") for f in cfg.lr_fractions)
+
+
 def run_grid(cfg: Config, log=print) -> dict:
   """Every (setting, algorithm, lr, quantile) run; returns the results dict."""
   grid = []
   for setting in cfg.settings:
     for name in cfg.algorithms:
       uses_q = methods(None, cfg, 1)[name].uses_quantile
-      for lr, q in itertools.product(cfg.lrs,
+      for lr, q in itertools.product(learning_rates(cfg, setting[0]),
                                      cfg.quantiles if uses_q else (None,)):
         grid.append((setting, name, lr, q))
   runs, start = [], time.perf_counter()
@@ -293,7 +308,9 @@ def main(argv=None):
   p.add_argument("--algorithms", default=",".join(Config.algorithms))
   p.add_argument("--rounds", type=int, default=Config.num_rounds)
   p.add_argument("--eval-every", type=int, default=Config.eval_every)
-  p.add_argument("--lrs", default=",".join(map(str, Config.lrs)))
+  p.add_argument("--lrs", default=None,
+                 help="absolute learning rates (default: fractions "
+                 f"{Config.lr_fractions} of each setting's stability limit)")
   p.add_argument("--quantiles", default=",".join(map(str, Config.quantiles)))
   p.add_argument("--momentum", type=float, default=Config.momentum)
   p.add_argument("--batch-size", type=int, default=None)
@@ -305,7 +322,8 @@ def main(argv=None):
     cfg = Config(settings=parse_settings(args.settings),
                  algorithms=tuple(a for a in args.algorithms.split(",") if a),
                  num_rounds=args.rounds, eval_every=args.eval_every,
-                 lrs=tuple(float(v) for v in args.lrs.split(",")),
+                 lrs=(tuple(float(v) for v in args.lrs.split(","))
+                      if args.lrs else None),
                  quantiles=tuple(float(v) for v in args.quantiles.split(",")),
                  momentum=args.momentum, batch_size=args.batch_size,
                  seed=args.seed, out=args.out)
@@ -315,12 +333,14 @@ def main(argv=None):
 
   log = lambda s: print(s, flush=True)
   log(f"Synthetic federation: settings {cfg.settings}, {cfg.num_rounds} rounds,"
-      f" lrs {cfg.lrs}, quantiles {cfg.quantiles}, momentum {cfg.momentum}")
+      f" quantiles {cfg.quantiles}, momentum {cfg.momentum}; learning rates "
+      + ", ".join(f"{k}x{n}: {learning_rates(cfg, k)}" for k, n in cfg.settings))
   runs = run_grid(cfg, log)
   best = best_runs(runs)
 
   first = cfg.settings[0]
-  oracle_lr = best.get((f"{first[0]}x{first[1]}", "oracle"), {"lr": cfg.lrs[0]})
+  oracle_lr = best.get((f"{first[0]}x{first[1]}", "oracle"),
+                       {"lr": learning_rates(cfg, first[0])[0]})
   consts = assumption_trace(cfg, first, oracle_lr["lr"],
                             min(cfg.num_rounds, 300))
   clusters = np.repeat(np.arange(first[0]), first[1])
