@@ -157,50 +157,70 @@ def learning_rates(cfg: Config, num_clusters: int) -> tuple:
   return tuple(float(f"{f * limit:.2g}") for f in cfg.lr_fractions)
 
 
-def run_grid(cfg: Config, log=print) -> dict:
-  """Every (setting, algorithm, lr, quantile) run; returns the results dict."""
-  grid = []
-  for setting in cfg.settings:
-    for name in cfg.algorithms:
-      uses_q = methods(None, cfg, 1)[name].uses_quantile
-      for lr, q in itertools.product(learning_rates(cfg, setting[0]),
-                                     cfg.quantiles if uses_q else (None,)):
-        grid.append((setting, name, lr, q))
+def with_error(alg: prfl.algorithms.Algorithm, x_star: jax.Array):
+  """`alg` whose step metrics also hold the mean error `||x_i - x*||`."""
+  def step(state, batch, key):
+    state, metrics = alg.step(state, batch, key)
+    err = jnp.linalg.norm(state.params - x_star, axis=1)
+    return state, {**metrics, "error": jnp.mean(err)}
+  return alg._replace(step=step)
+
+
+def run_grid(cfg: Config, log=print) -> list:
+  """Every (setting, algorithm, lr, quantile) run; returns one dict per run.
+
+  The grid of one (setting, algorithm) is one XLA program: `prfl.sweep` vmaps
+  a `lax.scan` over rounds over the learning rates and quantiles.
+  """
+  groups = [(s, a) for s in cfg.settings for a in cfg.algorithms]
   runs, start = [], time.perf_counter()
-  data_cache = {}
-  for idx, (setting, name, lr, q) in enumerate(grid):
-    if setting not in data_cache:
-      data_cache[setting] = prfl.data.synthetic_regression(
-          jax.random.key(cfg.seed), num_clusters=setting[0],
-          clients_per_cluster=setting[1], dim=cfg.dim,
-          num_samples=cfg.num_samples)[0]
-    data = data_cache[setting]
+  for idx, (setting, name) in enumerate(groups):
+    data = prfl.data.synthetic_regression(
+        jax.random.key(cfg.seed), num_clusters=setting[0],
+        clients_per_cluster=setting[1], dim=cfg.dim,
+        num_samples=cfg.num_samples)[0]
     n = setting[0] * setting[1]
-    alg = methods(data, cfg, setting[0])[name].build(lr, q)
+    method = methods(data, cfg, setting[0])[name]
+    points = list(itertools.product(
+        learning_rates(cfg, setting[0]),
+        cfg.quantiles if method.uses_quantile else (None,)))
+    hparams = {"lr": jnp.array([lr for lr, _ in points]),
+               "q": jnp.array([q if q is not None else 0.0 for _, q in points])}
+    keys = jnp.stack([jax.random.key(cfg.seed + 1)] * len(points))
+    x_star = data.test["x_star"]
+    make = lambda hp: with_error(method.build(hp["lr"], hp["q"]), x_star)
+    sampler = lambda k: prfl.data.sample_batch(k, data.train, cfg.batch_size)
     t0 = time.perf_counter()
-    result = prfl.train(alg, jnp.zeros((n, cfg.dim)), data,
-                        num_rounds=cfg.num_rounds,
-                        key=jax.random.key(cfg.seed + 1),
-                        batch_size=cfg.batch_size,
-                        eval_fn=prfl.data.regression_eval,
-                        eval_every=cfg.eval_every, verbose=False)
-    h = result.history
-    err = h["eval/error"]
-    final = float(err[-1]) if np.isfinite(err[-1]) else float("inf")
-    client_err = np.linalg.norm(np.asarray(result.state.params) -
-                                np.asarray(data.test["x_star"]), axis=1)
-    runs.append({"setting": f"{setting[0]}x{setting[1]}", "algorithm": name,
-                 "lr": lr, "quantile": q, "final_error": final,
-                 "final_client_errors": client_err,
-                 "final_error_per_cluster": h["eval/error/per_cluster"][-1],
-                 "eval_round": h["eval_round"], "error": err,
-                 "seconds": time.perf_counter() - t0})
-    done = idx + 1
+    out = jax.jit(lambda h, k: prfl.sweep.sweep(
+        make, h, jnp.zeros((n, cfg.dim)), sampler, cfg.num_rounds, keys=k))(
+            hparams, keys)
+    errors = np.asarray(out.metrics["error"])  # [G, T]
+    with np.errstate(over="ignore", invalid="ignore"):  # Diverged runs.
+      finals = np.linalg.norm(np.asarray(out.state.params) -
+                              np.asarray(x_star)[None], axis=2)  # [G, N]
+    seconds = time.perf_counter() - t0
+    initial = float(np.mean(np.linalg.norm(np.asarray(x_star), axis=1)))
+    eval_round = np.arange(0, cfg.num_rounds + 1, cfg.eval_every)
+    clusters = np.asarray(data.clusters)
+    for g, (lr, q) in enumerate(points):
+      curve = np.concatenate([[initial], errors[g]])[eval_round]
+      final = float(errors[g, -1]) if np.isfinite(errors[g, -1]) else np.inf
+      client = np.where(np.isfinite(finals[g]), finals[g], np.inf)
+      runs.append({
+          "setting": f"{setting[0]}x{setting[1]}", "algorithm": name,
+          "lr": lr, "quantile": q, "final_error": final,
+          "final_client_errors": client,
+          "final_error_per_cluster": np.array(
+              [client[clusters == k].mean() for k in range(setting[0])]),
+          "eval_round": eval_round, "error": curve,
+          "seconds": seconds / len(points)})
+    best = min(r["final_error"] for r in runs[-len(points):])
     elapsed = time.perf_counter() - start
-    log(f"[{done}/{len(grid)}] {setting[0]}x{setting[1]} {name:7s} lr={lr:<6g}"
-        f" q={q if q is not None else '-':<4} final error {final:.3g} "
-        f"({runs[-1]['seconds']:.1f}s; ~{elapsed / done * (len(grid) - done):.0f}"
-        f"s left)")
+    left = elapsed / (idx + 1) * (len(groups) - idx - 1)
+    log(f"[{idx + 1}/{len(groups)}] {setting[0]}x{setting[1]} {name:7s} "
+        f"{len(points)} grid points in one program: best final error "
+        f"{best:.3g} ({seconds:.1f}s; {elapsed:.0f}s elapsed, ~{left:.0f}s "
+        "left)")
   return runs
 
 

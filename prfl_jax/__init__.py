@@ -6,7 +6,14 @@ Federated-Clustering (Algorithm 1), Momentum-Clustering (Algorithm 3) and the
 baselines the paper compares against, on federations stored as stacked pytrees.
 """
 
+from prfl_jax import algorithms
+from prfl_jax import attacks
+from prfl_jax import checkpoint
 from prfl_jax import clustering
+from prfl_jax import data
+from prfl_jax import diagnostics
+from prfl_jax import sharding
+from prfl_jax import sweep
 from prfl_jax import tree
 from prfl_jax.clustering import assign
 from prfl_jax.clustering import farthest_first
@@ -15,13 +22,8 @@ from prfl_jax.clustering import quantile_radius
 from prfl_jax.clustering import QuantileRadius
 from prfl_jax.clustering import threshold_clustering
 from prfl_jax.clustering import threshold_clustering_with_info
-
-__version__ = "0.1.0"
-from prfl_jax import algorithms
-from prfl_jax import attacks
-from prfl_jax import checkpoint
-from prfl_jax import data
-from prfl_jax import diagnostics
 from prfl_jax.gradients import Schedule
 from prfl_jax.train import train
 from prfl_jax.train import TrainResult
+
+__version__ = "0.1.0"
