@@ -1,0 +1,115 @@
+"""Tests of prfl_jax.sharding: sharded rounds equal unsharded ones."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from prfl_jax import sharding
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Runs in a fresh process: the fake device count must be set before jax starts.
+_SCRIPT = textwrap.dedent("""
+    import jax, jax.numpy as jnp, numpy as np, optax
+    import prfl_jax as prfl
+    from prfl_jax import sharding
+    assert jax.device_count() == 4, jax.devices()
+
+    n, b, d, h, k = 8, 6, 5, 4, 3
+
+    def loss(p, batch):
+      x, y = batch
+      logits = jax.nn.relu(x @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
+      return -jnp.mean(jnp.sum(
+          jax.nn.log_softmax(logits) * jax.nn.one_hot(y, k), -1))
+
+    rng = np.random.default_rng(0)
+    f32 = lambda *shape: rng.normal(size=shape).astype(np.float32)
+    params = {"w1": f32(n, d, h), "b1": f32(n, h), "w2": f32(n, h, k),
+              "b2": f32(n, k)}
+    shift = np.where(np.arange(n) < 4, 0.0, 2.0)[:, None, None]
+    batch = ((f32(n, b, d) + shift).astype(np.float32),
+             rng.integers(0, k, (n, b)).astype(np.int32))
+    kr = jax.random.PRNGKey(1)
+    byz = np.arange(n) == 7
+    results = {}
+    for groups, schedule in [(2, prfl.Schedule(1, "gram"))]:
+      alg = prfl.algorithms.federated_clustering(
+          loss, optax.sgd(0.1), radius=prfl.quantile_radius(0.5),
+          num_iters=4, num_groups=groups, schedule=schedule,
+          attack=prfl.attacks.bit_flip())
+      step = jax.jit(alg.step)
+
+      def run(state, batch):
+        out = []
+        for t in range(3):
+          state, metrics = step(state, batch, jax.random.fold_in(kr, t))
+          out.append(metrics["loss"])
+        return state, jnp.stack(out)
+
+      plain, plain_loss = run(alg.init(params, byzantine=byz), batch)
+      for ndev in (4,):
+        mesh = sharding.client_mesh(jax.devices()[:ndev])
+        state = sharding.shard_clients(alg.init(params, byzantine=byz), mesh,
+                                       name="state")
+        sbatch = sharding.shard_clients(batch, mesh, name="batch")
+        assert len(state.params["w1"].sharding.device_set) == ndev
+        sharded, sharded_loss = run(state, sbatch)
+        np.testing.assert_allclose(sharded_loss, plain_loss, rtol=2e-5,
+                                   atol=1e-6)
+        jax.tree.map(lambda a, r: np.testing.assert_allclose(
+            a, r, rtol=2e-5, atol=2e-6), sharded.params, plain.params)
+        assert len(sharded.params["w1"].sharding.device_set) == ndev
+
+    mesh = sharding.client_mesh()
+    try:
+      sharding.shard_clients(jax.tree.map(lambda a: a[:6], batch), mesh,
+                             name="batch")
+    except ValueError as e:
+      assert "`batch`" in str(e) and "N=6" in str(e), e
+    else:
+      raise AssertionError("no ValueError for N=6 on 4 devices")
+    print("SHARDING_OK")
+""")
+
+
+def test_sharded_rounds_match_unsharded_on_4_fake_devices():
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
+                      " --xla_force_host_platform_device_count=4").strip()
+  env["JAX_PLATFORMS"] = "cpu"
+  env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+  proc = subprocess.run([sys.executable, "-c", _SCRIPT], env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  assert "SHARDING_OK" in proc.stdout
+
+
+def test_shard_clients_places_leaves_and_replicates_scalars():
+  mesh = sharding.client_mesh()
+  tree = {"x": jnp.ones((4, 3)), "round": jnp.zeros((), jnp.int32)}
+  out = sharding.shard_clients(tree, mesh)
+  assert out["x"].sharding.spec == jax.sharding.PartitionSpec("clients")
+  assert out["round"].sharding.spec == jax.sharding.PartitionSpec()
+  np.testing.assert_array_equal(out["x"], tree["x"])
+
+
+def test_shard_clients_errors():
+  mesh = sharding.client_mesh()
+  with pytest.raises(ValueError, match="`params` leaves have different"):
+    sharding.shard_clients({"a": jnp.ones((4,)), "b": jnp.ones((3,))}, mesh,
+                           name="params")
+  with pytest.raises(ValueError, match="no axis 'models'"):
+    sharding.shard_clients({"a": jnp.ones((4,))}, mesh, axis_name="models")
+  with pytest.raises(ValueError, match="`devices` is empty"):
+    sharding.client_mesh([])
+  if jax.device_count() > 1:
+    n = jax.device_count() + 1
+    with pytest.raises(ValueError, match=f"N={n}"):
+      sharding.shard_clients(jnp.ones((n,)), mesh, name="batch")
