@@ -48,7 +48,9 @@ MessageFn = Callable[[PyTree, jax.Array, jax.Array], PyTree]
 
 class Schedule(NamedTuple):
   """How all-pairs gradients are computed and clustered (same results)."""
-  chunk_size: Optional[int] = 8  # Models per lax.map step; None: all at once.
+  # Models per lax.map step; None: all at once. 1 was fastest and smallest on
+  # CPU (benchmarks/bench_round.py); accelerators may prefer larger chunks.
+  chunk_size: Optional[int] = 1
   kernel: str = "gram"  # "gram" or "direct" Threshold-Clustering kernel.
 
 

@@ -68,13 +68,13 @@ def _np_cluster_at_models(params, batch, radius, num_iters, weights, bad=None):
 
 
 def _problem(seed=0):
-  kw, kb, kx, ky = jax.random.split(jax.random.PRNGKey(seed), 4)
-  params = {"w": jax.random.normal(kw, (N, D)),
-            "b": 0.5 * jax.random.normal(kb, (N,))}
+  rng = np.random.default_rng(seed)
+  params = {"w": rng.normal(size=(N, D)).astype(np.float32),
+            "b": (0.5 * rng.normal(size=(N,))).astype(np.float32)}
   # Two groups of clients with different targets, so balls exclude some.
-  shift = jnp.where(jnp.arange(N) < 4, 0.0, 3.0)[:, None]
-  x = jax.random.normal(kx, (N, B, D))
-  y = jax.random.normal(ky, (N, B)) + shift
+  shift = np.where(np.arange(N) < 4, 0.0, 3.0)[:, None]
+  x = rng.normal(size=(N, B, D)).astype(np.float32)
+  y = (rng.normal(size=(N, B)) + shift).astype(np.float32)
   return params, (x, y)
 
 
@@ -90,8 +90,6 @@ SCHEDULES = [
     gradients.Schedule(1, "direct"),
     gradients.Schedule(3, "gram"),  # 3 does not divide N = 7.
     gradients.Schedule(3, "direct"),
-    gradients.Schedule(4, "gram"),
-    gradients.Schedule(16, "gram"),  # Larger than N.
 ]
 
 
@@ -104,18 +102,17 @@ def _nan_messages(bad, grads, index, key):
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES, ids=str)
-@pytest.mark.parametrize("case", ["fixed", "quantile", "weights", "nan"])
+@pytest.mark.parametrize("case", ["quantile", "weights", "nan"])
 def test_cluster_at_models_matches_numpy(schedule, case):
   params, batch = _problem()
   weights = np.ones(N)
-  radius = 2.0
+  radius = prfl.quantile_radius(0.5)
   message_fn, bad, key = None, None, None
-  if case == "quantile":
-    radius = prfl.quantile_radius(0.5)
-  elif case == "weights":
+  if case == "weights":
     weights = np.array([1.0, 1.0, 0.0, 1.0, 2.0, 1.0, 0.0])
     radius = prfl.quantile_radius(0.6)
-  elif case == "nan":
+  elif case == "nan":  # A fixed radius, and a client that sends NaN.
+    radius = 2.0
     bad = 5
     message_fn = functools.partial(_nan_messages, bad)
     key = jax.random.PRNGKey(1)
@@ -137,13 +134,8 @@ def test_cluster_at_models_matches_numpy(schedule, case):
 
 
 def test_schedules_agree_on_mlp():
-  """All schedules agree on a small MLP (several leaves, matrix params)."""
+  """Schedules agree on a small MLP (several leaves, matrix params)."""
   n, b, din, dh, dout = 6, 4, 5, 7, 3
-
-  def init(key):
-    k1, k2 = jax.random.split(key)
-    return {"w1": jax.random.normal(k1, (din, dh)), "b1": jnp.zeros(dh),
-            "w2": jax.random.normal(k2, (dh, dout)), "b2": jnp.zeros(dout)}
 
   def loss(p, batch):
     x, y = batch
@@ -152,12 +144,14 @@ def test_schedules_agree_on_mlp():
     return -jnp.mean(jnp.sum(
         jax.nn.log_softmax(logits) * jax.nn.one_hot(y, dout), -1))
 
-  k0, k1, k2 = jax.random.split(jax.random.PRNGKey(3), 3)
-  params = jax.vmap(init)(jax.random.split(k0, n))
-  batch = (jax.random.normal(k1, (n, b, din)),
-           jax.random.randint(k2, (n, b), 0, dout))
+  rng = np.random.default_rng(3)
+  f32 = lambda *shape: rng.normal(size=shape).astype(np.float32)
+  params = {"w1": f32(n, din, dh), "b1": f32(n, dh), "w2": f32(n, dh, dout),
+            "b2": f32(n, dout)}
+  batch = (f32(n, b, din), rng.integers(0, dout, (n, b)).astype(np.int32))
   outs = []
-  for schedule in SCHEDULES:
+  for schedule in [gradients.Schedule(2, "direct"),
+                   gradients.Schedule(1, "gram")]:
     out = jax.jit(lambda p, bt, s=schedule: gradients.cluster_at_models(
         loss, p, bt, radius=prfl.quantile_radius(0.5), num_iters=5,
         schedule=s))(params, batch)
@@ -216,18 +210,21 @@ def test_check_schedule():
     gradients.check_schedule((4, "gram"))
 
 
-def test_message_fn_requires_key():
+def test_cluster_at_models_argument_errors():
   params, batch = _problem()
   with pytest.raises(ValueError, match="key"):
     gradients.cluster_at_models(
         _loss, params, batch, radius=1.0, num_iters=2,
         message_fn=lambda g, i, k: g)
+  with pytest.raises(ValueError, match="`weights` must have shape"):
+    gradients.cluster_at_models(_loss, params, batch, radius=1.0, num_iters=2,
+                                weights=np.ones(N + 1))
 
 
 def test_cluster_at_models_vmaps_over_groups():
   """Vmapping over independent groups equals running each group alone."""
   params, batch = _problem(seed=5)
-  two = jax.tree.map(lambda a: jnp.stack([a, a[::-1]]), (params, batch))
+  two = jax.tree.map(lambda a: np.stack([a, a[::-1]]), (params, batch))
   fn = lambda p, b: gradients.cluster_at_models(
       _loss, p, b, radius=prfl.quantile_radius(0.5), num_iters=4,
       schedule=gradients.Schedule(3, "gram")).centers

@@ -1,0 +1,344 @@
+"""One Federated-Clustering round: prfl_jax schedules vs per-pair loops.
+
+A round (Werner et al., 2023, Algorithm 1, lines 4-7) computes every client's
+gradient at every client's model (N^2 gradients) and, for every model, runs
+Threshold-Clustering (Algorithm 2) with one centre started at the model owner's
+own gradient. Model: the paper's MNIST MLP 784-200-10 (ReLU, softmax
+cross-entropy), random data of MNIST shape.
+
+Compared in one run, on the same parameters and data:
+  * every requested prfl_jax schedule (`gradients.cluster_at_models`, jitted);
+  * a per-pair JAX loop: a jitted gradient per (model, client) pair in a
+    Python double loop, then jitted Threshold-Clustering per model;
+  * a per-pair PyTorch loop written like the paper's code (for each model, for
+    each client: forward, backward, flatten the gradients; then
+    Threshold-Clustering in torch), skipped with a message without torch.
+
+FLOPs are counted as 6 * params * batch per gradient (N^2 gradients per round).
+Memory: `xla_mb` is XLA's compiled memory_analysis (temporaries + outputs) of
+the jitted round; `rss_mb` is the growth of the process's resident set during
+the timed calls (sampled every 2 ms; a lower bound when freed memory is reused).
+
+  python -m benchmarks.bench_round                       # N in 8,16,32,64
+  python -m benchmarks.bench_round --clients 32 --repeats 5 --radius 0.5
+"""
+
+import argparse
+import functools
+import gc
+import sys
+import time
+
+import jax
+from jax import flatten_util
+import jax.numpy as jnp
+import numpy as np
+
+import prfl_jax as prfl
+from prfl_jax import gradients
+from benchmarks import common
+
+DEFAULT_SCHEDULES = ("full:gram,full:direct,1:gram,1:direct,4:gram,8:gram,"
+                     "16:gram,8:direct")
+
+
+def parse_schedule(spec: str) -> gradients.Schedule:
+  """`"full:gram"` or `"8:direct"` -> `Schedule`."""
+  chunk, kernel = spec.split(":")
+  return gradients.Schedule(None if chunk == "full" else int(chunk), kernel)
+
+
+def schedule_name(s: gradients.Schedule) -> str:
+  return f"{'full' if s.chunk_size is None else 'c' + str(s.chunk_size)}/" \
+         f"{s.kernel}"
+
+
+def parse_radius(spec: str):
+  if spec.startswith("quantile:"):
+    return prfl.quantile_radius(float(spec.split(":")[1]))
+  return float(spec)
+
+
+def flat_centers(centers) -> np.ndarray:
+  """`[N, P]` in `ravel_pytree` order (b1, b2, w1, w2)."""
+  leaves = jax.tree.leaves(centers)
+  n = leaves[0].shape[0]
+  return np.concatenate([np.asarray(l).reshape(n, -1) for l in leaves], 1)
+
+
+def run_schedule(schedule, params, batch, radius, num_iters, repeats,
+                 budget_s):
+  """Compiles and times one jitted round with `schedule`."""
+  fn = jax.jit(lambda p, b: gradients.cluster_at_models(
+      common.mlp_loss, p, b, radius=radius, num_iters=num_iters,
+      schedule=schedule).centers)
+  t0 = time.perf_counter()
+  compiled = fn.lower(params, batch).compile()
+  compile_s = time.perf_counter() - t0
+  mem = compiled.memory_analysis()
+  xla_mb = None
+  if mem is not None:
+    xla_mb = (mem.temp_size_in_bytes + mem.output_size_in_bytes) / 2**20
+  call = lambda: jax.block_until_ready(compiled(params, batch))
+  t0 = time.perf_counter()
+  out = call()
+  first_s = time.perf_counter() - t0
+  repeats = _fit_repeats(repeats, first_s, budget_s)
+  with common.RssSampler() as rss:
+    t, times = common.median_time(call, repeats, warmup=0)
+  return dict(time_s=t, times=times, compile_s=compile_s, xla_mb=xla_mb,
+              rss_mb=rss.peak_growth_mb), flat_centers(out)
+
+
+def _fit_repeats(repeats, one_s, budget_s):
+  return max(1, min(repeats, int(budget_s / max(one_s, 1e-9))))
+
+
+def run_jax_loop(params, batch, radius, num_iters, repeats, budget_s):
+  """Per-pair jitted gradients in a Python double loop, then clustering."""
+  n = jax.tree.leaves(params)[0].shape[0]
+  pair_grad = jax.jit(
+      lambda p, b: flatten_util.ravel_pytree(jax.grad(common.mlp_loss)(p, b))[0])
+  cluster = jax.jit(lambda z, v: prfl.threshold_clustering(
+      z, v[None], radius=radius, num_iters=num_iters)[0])
+  models = [jax.tree.map(lambda a, i=i: a[i], params) for i in range(n)]
+  clients = [jax.tree.map(lambda a, j=j: a[j], batch) for j in range(n)]
+
+  def round_():
+    centers = []
+    for i in range(n):
+      z = jnp.stack([pair_grad(models[i], clients[j]) for j in range(n)])
+      centers.append(cluster(z, z[i]))
+    return jax.block_until_ready(jnp.stack(centers))
+
+  t0 = time.perf_counter()
+  out = round_()  # Compiles.
+  first_s = time.perf_counter() - t0
+  repeats = _fit_repeats(repeats, first_s, budget_s)
+  with common.RssSampler() as rss:
+    t, times = common.median_time(round_, repeats, warmup=0)
+  return dict(time_s=t, times=times, rss_mb=rss.peak_growth_mb), np.asarray(out)
+
+
+def torch_threshold_clustering(torch, z, v, radius, num_iters):
+  """Algorithm 2, one centre, written as in the paper's PyTorch code."""
+  n = z.shape[0]
+  for _ in range(num_iters):
+    dist = torch.linalg.norm(z - v, dim=1)
+    if isinstance(radius, prfl.QuantileRadius):
+      tau = torch.quantile(dist, float(radius.q))
+    else:
+      tau = radius
+    inside = dist <= tau
+    v = (z[inside].sum(0) + (n - inside.sum()) * v) / n
+  return v
+
+
+def run_torch_loop(params, batch, radius, num_iters, repeats, budget_s,
+                   threads):
+  """The paper's per-pair loop in PyTorch; None if torch is missing."""
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+    from torch import nn  # pylint: disable=g-import-not-at-top
+    from torch.nn import functional as F  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return None, None
+  default_threads = torch.get_num_threads()
+  torch.set_num_threads(threads or default_threads)
+  try:
+    return _torch_loop(torch, nn, F, params, batch, radius, num_iters, repeats,
+                       budget_s)
+  finally:
+    torch.set_num_threads(default_threads)
+
+
+def _torch_loop(torch, nn, F, params, batch, radius, num_iters, repeats,
+                budget_s):
+  n = jax.tree.leaves(params)[0].shape[0]
+  to_t = lambda a: torch.from_numpy(np.array(a, np.float32))
+  models = []
+  for i in range(n):
+    m = nn.Sequential(nn.Linear(common.IN_DIM, common.HIDDEN), nn.ReLU(),
+                      nn.Linear(common.HIDDEN, common.OUT_DIM))
+    with torch.no_grad():
+      m[0].weight.copy_(to_t(params["w1"][i]).T)
+      m[0].bias.copy_(to_t(params["b1"][i]))
+      m[2].weight.copy_(to_t(params["w2"][i]).T)
+      m[2].bias.copy_(to_t(params["b2"][i]))
+    models.append(m)
+  xs = [to_t(batch[0][j]) for j in range(n)]
+  ys = [torch.from_numpy(np.array(batch[1][j], np.int64)) for j in range(n)]
+
+  def round_():
+    centers = []
+    for i, m in enumerate(models):
+      grads = []
+      for j in range(n):
+        m.zero_grad()
+        loss = F.cross_entropy(m(xs[j]), ys[j])
+        loss.backward()
+        grads.append(torch.cat([p.grad.reshape(-1) for p in m.parameters()]))
+      with torch.no_grad():
+        z = torch.stack(grads)
+        centers.append(torch_threshold_clustering(torch, z, z[i].clone(),
+                                                  radius, num_iters))
+    return torch.stack(centers)
+
+  t0 = time.perf_counter()
+  out = round_()
+  first_s = time.perf_counter() - t0
+  repeats = _fit_repeats(repeats, first_s, budget_s)
+  with common.RssSampler() as rss:
+    t, times = common.median_time(round_, repeats, warmup=0)
+  # Torch order: W1 [200, 784], b1, W2 [10, 200], b2 -> ravel_pytree order.
+  out = out.numpy()
+  h, d, k = common.HIDDEN, common.IN_DIM, common.OUT_DIM
+  w1 = out[:, :h * d].reshape(n, h, d).transpose(0, 2, 1).reshape(n, -1)
+  b1 = out[:, h * d:h * d + h]
+  w2 = out[:, h * d + h:h * d + h + k * h].reshape(n, k, h).transpose(
+      0, 2, 1).reshape(n, -1)
+  b2 = out[:, -k:]
+  return (dict(time_s=t, times=times, rss_mb=rss.peak_growth_mb,
+               torch_threads=torch.get_num_threads()),
+          np.concatenate([b1, b2, w1, w2], axis=1))
+
+
+def bench_n(n, args, schedules, gemm):
+  """All configurations at N clients; returns result rows."""
+  params, batch = common.mnist_like_federation(n, args.batch_size, args.seed)
+  radius = parse_radius(args.radius)
+  flops = 6.0 * common.NUM_PARAMS * args.batch_size * n * n
+  rows, outs = [], {}
+
+  def add(name, kind, res, out, extra=None):
+    if res is None:
+      return
+    row = dict(n=n, config=name, kind=kind, **res, **(extra or {}))
+    row["gflops"] = flops / res["time_s"] / 1e9
+    row["pct_gemm"] = 100 * row["gflops"] / gemm[kind]
+    rows.append(row)
+    outs[name] = out
+    print(f"  N={n:3d} {name:12s} {res['time_s']:8.3f} s", flush=True)
+
+  if not args.no_loops:
+    for threads in [int(t) for t in args.torch_threads.split(",")]:
+      res, out = run_torch_loop(params, batch, radius, args.num_iters,
+                                args.loop_repeats, args.budget_s, threads)
+      if res is None:
+        print("  torch is not importable: skipping the PyTorch loop "
+              "(pip install torch==2.13.0, the `bench` extra).", flush=True)
+        break
+      add(f"torch-loop/{res['torch_threads']}t", "torch", res, out)
+    res, out = run_jax_loop(params, batch, radius, args.num_iters,
+                            args.loop_repeats, args.budget_s)
+    add("jax-loop", "jax", res, out)
+  for s in schedules:
+    name = schedule_name(s)
+    if s.chunk_size is None and n > args.max_full_n:
+      print(f"  N={n:3d} {name:12s} skipped (N > --max-full-n, [N, N, P] "
+            f"would take {n * n * common.NUM_PARAMS * 4 / 2**30:.1f} GiB)")
+      continue
+    if s.chunk_size is not None and s.chunk_size >= n:
+      print(f"  N={n:3d} {name:12s} skipped (chunk >= N is the full vmap)")
+      continue
+    res, out = run_schedule(s, params, batch, radius, args.num_iters,
+                            args.repeats, args.budget_s)
+    add(name, "jax", res, out)
+    gc.collect()
+
+  ref_name = "jax-loop" if "jax-loop" in outs else rows[0]["config"]
+  ref = outs[ref_name]
+  scale = float(np.max(np.abs(ref)))
+  times = {r["config"]: r["time_s"] for r in rows}
+  torch_times = [t for c, t in times.items() if c.startswith("torch-loop")]
+  for r in rows:
+    diff = float(np.max(np.abs(outs[r["config"]] - ref)))
+    r["max_abs_diff"] = diff
+    r["rel_diff"] = diff / scale
+    r["diff_ref"] = ref_name
+    # Against the faster of the PyTorch thread settings.
+    r["vs_torch"] = min(torch_times) / r["time_s"] if torch_times else None
+    r["vs_jax_loop"] = times["jax-loop"] / r["time_s"] if (
+        "jax-loop" in times) else None
+    r["speedup_over"] = {c: t / r["time_s"] for c, t in times.items()}
+  return rows
+
+
+COLUMNS = [
+    ("n", "N", "{}"), ("config", "config", "{}"), ("time_s", "s/round", "{:.3f}"),
+    ("gflops", "GFLOP/s", "{:.1f}"), ("pct_gemm", "%GEMM", "{:.0f}"),
+    ("xla_mb", "XLA MiB", "{:.0f}"), ("rss_mb", "RSS+ MiB", "{:.0f}"),
+    ("vs_torch", "x torch", "{:.2f}"), ("vs_jax_loop", "x jaxloop", "{:.2f}"),
+    ("max_abs_diff", "maxdiff", "{:.1e}"), ("rel_diff", "reldiff", "{:.1e}"),
+]
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--clients", default="8,16,32,64",
+                 help="comma-separated numbers of clients N")
+  p.add_argument("--batch-size", type=int, default=32)
+  p.add_argument("--schedules", default=DEFAULT_SCHEDULES,
+                 help="comma-separated CHUNK:KERNEL, CHUNK an int or 'full'")
+  p.add_argument("--radius", default="quantile:0.2",
+                 help="a float, or quantile:Q for prfl.quantile_radius(Q)")
+  p.add_argument("--num-iters", type=int, default=10)
+  p.add_argument("--repeats", type=int, default=5,
+                 help="timed calls per schedule (median reported)")
+  p.add_argument("--loop-repeats", type=int, default=3,
+                 help="timed calls of the per-pair loops")
+  p.add_argument("--budget-s", type=float, default=20.0,
+                 help="fewer repeats when one call takes longer than "
+                 "budget/repeats")
+  p.add_argument("--max-full-n", type=int, default=32,
+                 help="largest N for the full nested vmap")
+  p.add_argument("--torch-threads", default="0,1",
+                 help="torch.set_num_threads for the PyTorch loop, one run "
+                 "each (0: torch's default); 'x torch' uses the fastest")
+  p.add_argument("--no-loops", action="store_true",
+                 help="skip the per-pair JAX and PyTorch loops")
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--out", default="round_cpu.json")
+  args = p.parse_args(argv)
+  schedules = [parse_schedule(s) for s in args.schedules.split(",")]
+
+  info = common.machine_info()
+  gemm = {"jax": common.jax_gemm_gflops(), "torch": common.torch_gemm_gflops()}
+  print(f"load average {info['loadavg']}, {info['cpu_count']} CPUs, "
+        f"jax {info['jax']}, torch {info['torch']}")
+  print(f"fp32 GEMM 2048^3: jnp {gemm['jax']:.1f} GFLOP/s, torch "
+        + (f"{gemm['torch']:.1f} GFLOP/s" if gemm["torch"] else "n/a"),
+        flush=True)
+  rows = []
+  for n in [int(c) for c in args.clients.split(",")]:
+    rows.extend(bench_n(n, args, schedules, gemm))
+  info["loadavg_end"] = __import__("os").getloadavg()
+  print()
+  print(f"MLP 784-200-10 ({common.NUM_PARAMS} params), batch "
+        f"{args.batch_size}, radius {args.radius}, {args.num_iters} "
+        f"clustering steps; FLOPs = 6*P*B*N^2; %GEMM of the same library's "
+        f"2048^3 GEMM; x torch / x jaxloop = speed-up over the loop (x torch: over "
+        f"the faster torch thread setting); maxdiff = "
+        f"max |centre - {rows[0].get('diff_ref', '?')} centre|.")
+  print(common.format_table(rows, COLUMNS))
+  for n in sorted({r["n"] for r in rows}):
+    sub = [r for r in rows if r["n"] == n]
+    names = [r["config"] for r in sub]
+    print(f"\nN={n}: speed-up of row over column")
+    print(common.format_table(
+        [dict(config=r["config"], **r["speedup_over"]) for r in sub],
+        [("config", "", "{}")] + [(c, c, "{:.2f}") for c in names]))
+  print(f"\nload average start {info['loadavg']} end {info['loadavg_end']}")
+  path = common.save_json(args.out, dict(
+      args=vars(args), machine=info, gemm_gflops=gemm, rows=rows))
+  print(f"saved {path}")
+  bad = [r for r in rows if not r["rel_diff"] < 1e-3]
+  if bad:
+    print("WARNING: configurations disagree: "
+          + ", ".join(f"{r['n']}/{r['config']}" for r in bad))
+    return 1
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

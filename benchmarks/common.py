@@ -1,0 +1,173 @@
+"""Shared pieces of the benchmarks: the paper's MNIST MLP, timing, memory."""
+
+import json
+import os
+import platform
+import resource
+import statistics
+import threading
+import time
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+IN_DIM, HIDDEN, OUT_DIM = 784, 200, 10
+NUM_PARAMS = IN_DIM * HIDDEN + HIDDEN + HIDDEN * OUT_DIM + OUT_DIM  # 159,010
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                           "results")
+
+
+def mlp_loss(params: dict, batch) -> jax.Array:
+  """Softmax cross-entropy of one client's batch `(x [B, 784], y [B])`."""
+  x, y = batch
+  h = jax.nn.relu(x @ params["w1"] + params["b1"])
+  logits = h @ params["w2"] + params["b2"]
+  return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits),
+                                       y[:, None], axis=1))
+
+
+def mnist_like_federation(num_clients: int, batch_size: int, seed: int = 0):
+  """Stacked params `[N, ...]` and a random batch of MNIST shape `[N, B, ...]`.
+
+  Drawn with NumPy in float32, leaf by leaf, so that building the inputs does
+  not raise the process's peak memory above the inputs themselves.
+  """
+  rng = np.random.default_rng(seed)
+
+  def uniform(shape, scale):
+    out = rng.random(shape, dtype=np.float32)
+    out *= 2 * scale
+    out -= scale
+    return jnp.asarray(out)
+
+  n = num_clients
+  s1, s2 = IN_DIM**-0.5, HIDDEN**-0.5
+  params = {"w1": uniform((n, IN_DIM, HIDDEN), s1),
+            "b1": uniform((n, HIDDEN), s1),
+            "w2": uniform((n, HIDDEN, OUT_DIM), s2),
+            "b2": uniform((n, OUT_DIM), s2)}
+  x = jnp.asarray(rng.random((n, batch_size, IN_DIM), dtype=np.float32))
+  y = jnp.asarray(rng.integers(0, OUT_DIM, (n, batch_size), dtype=np.int32))
+  return params, (x, y)
+
+
+def median_time(fn: Callable[[], object], repeats: int,
+                warmup: int = 1) -> tuple:
+  """Median and all wall times of `fn()` (which must block until done)."""
+  for _ in range(warmup):
+    fn()
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t)
+  return statistics.median(times), times
+
+
+class RssSampler:
+  """Samples this process's RSS in a thread; `peak_growth_mb` after `stop`."""
+
+  def __init__(self, interval_s: float = 0.002):
+    self._interval = interval_s
+    self._stop = threading.Event()
+    self._thread = None
+    self.base = self.peak = 0
+
+  @staticmethod
+  def rss() -> int:
+    with open("/proc/self/statm") as f:
+      return int(f.read().split()[1]) * resource.getpagesize()
+
+  def __enter__(self):
+    self.base = self.peak = self.rss()
+    self._thread = threading.Thread(target=self._run, daemon=True)
+    self._thread.start()
+    return self
+
+  def _run(self):
+    while not self._stop.is_set():
+      self.peak = max(self.peak, self.rss())
+      time.sleep(self._interval)
+
+  def __exit__(self, *exc):
+    self._stop.set()
+    self._thread.join()
+    self.peak = max(self.peak, self.rss())
+
+  @property
+  def peak_growth_mb(self) -> float:
+    return (self.peak - self.base) / 2**20
+
+
+def jax_gemm_gflops(size: int = 2048, repeats: int = 5) -> float:
+  """Measured fp32 GEMM throughput of `jnp.matmul` (jitted) in GFLOP/s."""
+  a = jax.random.normal(jax.random.PRNGKey(0), (size, size), jnp.float32)
+  mm = jax.jit(jnp.matmul)
+  t, _ = median_time(lambda: mm(a, a).block_until_ready(), repeats)
+  return 2 * size**3 / t / 1e9
+
+
+def torch_gemm_gflops(size: int = 2048, repeats: int = 5) -> Optional[float]:
+  """Same for `torch.mm`, or None without torch."""
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return None
+  a = torch.randn(size, size)
+  t, _ = median_time(lambda: torch.mm(a, a), repeats)
+  return 2 * size**3 / t / 1e9
+
+
+def machine_info() -> dict:
+  """Load, CPU count and versions, stored with every result."""
+  info = {
+      "loadavg": os.getloadavg(),
+      "cpu_count": os.cpu_count(),
+      "platform": platform.platform(),
+      "jax": jax.__version__,
+      "devices": [str(d) for d in jax.devices()],
+      "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
+  }
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+    info["torch"] = torch.__version__
+    info["torch_threads"] = torch.get_num_threads()
+  except ImportError:
+    info["torch"] = None
+  return info
+
+
+def max_rss_mb() -> float:
+  """Peak RSS of this process so far (ru_maxrss), in MiB."""
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def save_json(name: str, payload: dict) -> str:
+  os.makedirs(RESULTS_DIR, exist_ok=True)
+  path = os.path.join(RESULTS_DIR, name)
+  with open(path, "w") as f:
+    json.dump(payload, f, indent=1, default=_jsonable)
+  return path
+
+
+def _jsonable(x):
+  if isinstance(x, (np.floating, np.integer)):
+    return x.item()
+  if isinstance(x, np.ndarray):
+    return x.tolist()
+  raise TypeError(type(x))
+
+
+def format_table(rows: list, columns: list) -> str:
+  """Plain-text table of dict rows; `columns` is a list of (key, header, fmt)."""
+  cells = [[h for _, h, _ in columns]]
+  for row in rows:
+    cells.append([
+        ("-" if row.get(k) is None else fmt.format(row[k]))
+        for k, _, fmt in columns])
+  widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+  lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells]
+  lines.insert(1, "  ".join("-" * w for w in widths))
+  return "\n".join(lines)
