@@ -138,44 +138,8 @@ class PairsOutput(NamedTuple):
   """What `cluster_at_models` returns for every model i."""
   centers: PyTree  # leaves [M, ...]: Threshold-Clustering estimate v_i.
   own_loss: jax.Array  # [M]: f_i(x_i) on client i's batch.
-  own_grads: PyTree  # leaves [M, ...]: g_i(x_i).
+  own_grad_norm: jax.Array  # [M]: ||g_i(x_i)||.
   inside: jax.Array  # [M, N] bool: client j inside model i's final ball.
-
-
-def _masked_centred_gram(points: PyTree, center: PyTree):
-  """Centred points, their masked `[N, N]` Gram matrix and finiteness.
-
-  Same result as `clustering.centred_gram(points, center)`, but the finiteness
-  of every centred point is read off the Gram diagonal (a point with a NaN or
-  Inf coordinate, or whose squared norm overflows, has a non-finite diagonal
-  entry), which saves a pass over the `[N, P]` points.
-
-  Args:
-    points: pytree, every leaf `[N, ...]`.
-    center: unstacked pytree of the same structure (leaves `[...]`).
-
-  Returns:
-    `(centred, gram, ok)`: `centred` leaves `[N, ...]` are `z_i - v0` (not
-    masked); `gram` `[N, N]` has the rows and columns of points that are not
-    `ok` zeroed and +inf on their diagonal; `ok` `[N]` bool.
-  """
-  centred = jax.tree.map(lambda z, v: z - v[None], points, center)
-  raw = sum(
-      jnp.matmul(y.reshape(y.shape[0], -1), y.reshape(y.shape[0], -1).T,
-                 precision=lax.Precision.HIGHEST)
-      for y in jax.tree.leaves(centred))
-  ok = jnp.isfinite(jnp.diagonal(raw))
-  gram = jnp.where(ok[:, None] & ok[None, :], raw, 0.0)
-  return centred, gram + jnp.diag(jnp.where(ok, 0.0, jnp.inf)), ok
-
-
-def _combine_finite(coefs: jax.Array, centred: PyTree, ok: jax.Array,
-                    center: PyTree) -> PyTree:
-  """`v0 + sum_j coefs[j] * y_j` over the finite points (`coefs` `[N]`)."""
-  def leaf(y, v):
-    y = jnp.where(ok.reshape((-1,) + (1,) * (y.ndim - 1)), y, 0.0)
-    return v + jnp.tensordot(coefs.astype(y.dtype), y, axes=1)
-  return jax.tree.map(leaf, centred, center)
 
 
 def _cluster_one_model(loss_fn, radius, num_iters, kernel, weights, batch,
@@ -187,16 +151,17 @@ def _cluster_one_model(loss_fn, radius, num_iters, kernel, weights, batch,
   if message_fn is not None:
     grads = message_fn(grads, index, jax.random.fold_in(key, index))
   if kernel == "gram":
-    centred, gram, ok = _masked_centred_gram(grads, own)
+    centred, gram, ok = clustering.centred_gram(grads, own)
     coefs, info = clustering.gram_clustering_coefs(gram[None], radius,
                                                    num_iters, weights)
-    center = _combine_finite(coefs[0], centred, ok, own)
+    center = clustering.combine_centred(coefs[0], centred, ok, own)
   else:
     init = jax.tree.map(lambda g: g[None], own)
     center, info = clustering.threshold_clustering_with_info(
         grads, init, radius=radius, num_iters=num_iters, weights=weights)
     center = jax.tree.map(lambda c: c[0], center)
-  return PairsOutput(center, losses[index], own, info.inside[0])
+  own_norm = jnp.sqrt(tree_lib.sq_norms(jax.tree.map(lambda g: g[None], own)))
+  return PairsOutput(center, losses[index], own_norm[0], info.inside[0])
 
 
 def cluster_at_models(loss_fn: LossFn, params: PyTree, batch: PyTree, *,

@@ -135,6 +135,22 @@ def test_quantile_matches_jnp_quantile():
   assert prfl.masked_quantile(jnp.ones(3), jnp.zeros(3, bool), 0.5) == 0.0
 
 
+@pytest.mark.parametrize("n", [7, 600])  # Rank counting and sorting paths.
+def test_quantile_with_ties_nan_and_inf(n):
+  rng = np.random.default_rng(n)
+  for _ in range(10):
+    v = rng.normal(size=n).astype(np.float32)
+    v[: n // 3] = v[0]  # Ties.
+    v[rng.random(n) < 0.15] = np.nan
+    v[rng.random(n) < 0.1] = np.inf
+    present = rng.random(n) < 0.8
+    for q in (0.0, 0.2, 0.5, 0.93, 1.0):
+      out = prfl.masked_quantile(jnp.asarray(v), jnp.asarray(present), q)
+      ref = reference.quantile_linear(
+          np.where(np.isnan(v), np.inf, v)[present], q)
+      np.testing.assert_allclose(out, ref, rtol=1e-6)
+
+
 def test_assign_nearest_ties_and_nan():
   z = jnp.array([[0.0], [0.9], [2.0], [jnp.nan], [1.0]])
   c = jnp.array([[0.0], [2.0]])

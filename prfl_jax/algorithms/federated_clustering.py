@@ -98,7 +98,11 @@ def clustered_directions(loss_fn, params: PyTree, batch: PyTree,
         weights=weight, schedule=schedule, message_fn=message_fn, key=gkey)
 
   gkeys = jax.random.split(attack_key, num_groups)
-  out = jax.vmap(one_group)(groups.index, groups.weight, gkeys)
+  xs = (groups.index, groups.weight, gkeys)
+  if schedule.chunk_size is None:
+    out = jax.vmap(one_group)(*xs)
+  else:  # Groups one after another: memory of one group at a time.
+    out = lax.map(lambda a: one_group(*a), xs)
   flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), out)
   return jax.tree.map(lambda x: x[groups.slot], flat), groups
 
@@ -166,8 +170,7 @@ def federated_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
     byz_in = jnp.sum(inside & slot_byz, axis=1) / gsize
     metrics = {
         "loss": base.benign_mean(out.own_loss, state.byzantine),
-        "grad_norm": base.benign_mean(base.grad_norms(out.own_grads),
-                                      state.byzantine),
+        "grad_norm": base.benign_mean(out.own_grad_norm, state.byzantine),
         "update_norm": base.benign_mean(base.grad_norms(out.centers),
                                         state.byzantine),
         "ball_fraction": base.benign_mean(in_ball, state.byzantine),
