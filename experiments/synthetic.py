@@ -316,7 +316,7 @@ def plot_figure2(consts: dict, clusters: np.ndarray, path: str):
     ax.set_xlabel("round")
     ax.legend()
   fig.suptitle("Assumptions 4 and 5 along a ground-truth run "
-               "(Werner et al. 2023, Fig. 2)")
+               "(Werner et al. 2023, Fig. 2)", y=1.06)
   common.save_figure(fig, path)
   plt.close(fig)
 
