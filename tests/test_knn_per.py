@@ -10,17 +10,7 @@ from prfl_jax.algorithms.knn_per import knn_per
 from prfl_jax.algorithms.knn_per import knn_per_evaluate
 from prfl_jax.algorithms.knn_per import knn_per_predict
 from prfl_jax.algorithms.knn_per import knn_probs
-
-
-def linreg_federation(key, num_clusters=2, per_cluster=3, dim=4, samples=4):
-  """K clusters of linear-regression clients, batch leaves `[N, B, ...]`."""
-  a_key, x_key = jax.random.split(key)
-  n = num_clusters * per_cluster
-  a = jax.random.normal(a_key, (n, samples, dim))
-  optima = jax.random.normal(x_key, (num_clusters, dim))
-  y = jnp.einsum("nbd,nd->nb", a, jnp.repeat(optima, per_cluster, axis=0))
-  loss = lambda w, b: 0.5 * jnp.mean((b[0] @ w - b[1]) ** 2)
-  return loss, (a, y), jnp.zeros((n, dim))
+from tests.toy import linreg_federation
 
 
 def numpy_knn(query, store, labels, k, c, t):
