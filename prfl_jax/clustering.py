@@ -108,7 +108,12 @@ class ClusteringInfo(NamedTuple):
   radius: jax.Array  # [K] radius used at the last step.
 
 
-def _check_radius(radius, num_centers: int):
+def check_radius(radius, num_centers: int):
+  """Raises ValueError unless `radius` fits `num_centers` centres.
+
+  A radius is a rule (callable), a non-negative scalar or a `[K]` array; traced
+  arrays are checked for shape only.
+  """
   if callable(radius):
     return
   if isinstance(radius, jax.core.Tracer):
@@ -171,7 +176,7 @@ def _prepare(points, init_centers, radius, num_iters, weights, method):
         f"`init_centers` has K={k} centres but `points` only N={n} points; "
         "K must be <= N.")
   _check_num_iters(num_iters)
-  _check_radius(radius, k)
+  check_radius(radius, k)
   if weights is None:
     weights = jnp.ones((n,), jnp.float32)
   else:

@@ -140,7 +140,7 @@ def federated_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
   base.check_positive_int(local_steps, "local_steps", minimum=0)
   gradients.check_schedule(schedule)
   if not callable(radius):
-    clustering._check_radius(radius, 1)  # pylint: disable=protected-access
+    clustering.check_radius(radius, 1)
 
   def init(params, *, byzantine=None) -> FederatedClusteringState:
     n = base.init_params(params)

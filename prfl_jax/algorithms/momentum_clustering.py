@@ -66,7 +66,7 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
   base.check_positive_int(num_iters, "num_iters")
   if not isinstance(alpha, jax.core.Tracer) and not 0.0 < float(alpha) <= 1.0:
     raise ValueError(f"`alpha` must be in (0, 1], got {alpha!r}.")
-  clustering._check_radius(radius, num_clusters)  # pylint: disable=protected-access
+  clustering.check_radius(radius, num_clusters)
 
   def init(params, *, byzantine=None) -> MomentumClusteringState:
     n = base.init_params(params)

@@ -80,7 +80,7 @@ def myopic_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
   base.check_optimizer(optimizer)
   base.check_positive_int(num_clusters, "num_clusters")
   base.check_positive_int(num_iters, "num_iters")
-  clustering._check_radius(radius, num_clusters)  # pylint: disable=protected-access
+  clustering.check_radius(radius, num_clusters)
   if separation is None:
     scalar = not callable(radius) and jnp.ndim(radius) == 0
     separation = float(radius) if scalar else 0.0
