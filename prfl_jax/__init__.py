@@ -16,6 +16,7 @@ from prfl_jax import sharding
 from prfl_jax import sweep
 from prfl_jax import tree
 from prfl_jax.clustering import assign
+from prfl_jax.clustering import cluster_and_assign
 from prfl_jax.clustering import farthest_first
 from prfl_jax.clustering import masked_quantile
 from prfl_jax.clustering import quantile_radius

@@ -420,8 +420,32 @@ def assign(points: PyTree, centers: PyTree) -> jax.Array:
   return jnp.argmin(d2, axis=1).astype(jnp.int32)
 
 
+def cluster_and_assign(points: PyTree, init_centers: PyTree, *,
+                       radius: Radius, num_iters: int = 10, weights=None,
+                       method: str = "direct"):
+  """Threshold-Clustering, then every point's nearest centre.
+
+  The server side of Myopic-Clustering and Momentum-Clustering.
+
+  Args:
+    points: pytree, every leaf `[N, ...]`.
+    init_centers: pytree, every leaf `[K, ...]`.
+    radius, num_iters, weights, method: as in `threshold_clustering`.
+
+  Returns:
+    `(centers, assignment, assigned)`: centres leaves `[K, ...]`, `[N]` int32
+    nearest-centre indices, and each point's centre, leaves `[N, ...]`.
+  """
+  centers = threshold_clustering(points, init_centers, radius=radius,
+                                 num_iters=num_iters, weights=weights,
+                                 method=method)
+  assignment = assign(points, centers)
+  return centers, assignment, tree_lib.take(centers, assignment)
+
+
 __all__ = [
-    "ClusteringInfo", "QuantileRadius", "assign", "farthest_first", "masked_quantile",
+    "ClusteringInfo", "QuantileRadius", "assign", "cluster_and_assign",
+    "farthest_first", "masked_quantile",
     "quantile_radius", "threshold_clustering",
     "threshold_clustering_with_info",
 ]

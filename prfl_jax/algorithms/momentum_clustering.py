@@ -22,6 +22,7 @@ from prfl_jax import clustering
 from prfl_jax import gradients
 from prfl_jax import tree as tree_lib
 from prfl_jax.algorithms import base
+from prfl_jax.algorithms import cluster_models
 
 PyTree = Any
 
@@ -92,10 +93,8 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
                     lambda: tree_lib.take(messages, clustering.farthest_first(
                         messages, num_clusters, init_key)),
                     lambda: state.centers)
-    centers = clustering.threshold_clustering(
+    centers, assignment, directions = clustering.cluster_and_assign(
         messages, prev, radius=radius, num_iters=num_iters, method=method)
-    assignment = clustering.assign(messages, centers)
-    directions = tree_lib.take(centers, assignment)
     params, opt_state = base.apply_updates(optimizer, directions,
                                            state.opt_state, state.params)
     metrics = {
@@ -103,9 +102,8 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
         "grad_norm": base.benign_mean(base.grad_norms(grads), state.byzantine),
         "update_norm": base.benign_mean(base.grad_norms(directions),
                                         state.byzantine),
-        "num_active_clusters": jnp.sum(
-            jnp.zeros((num_clusters,), bool).at[assignment].set(True)
-        ).astype(jnp.float32),
+        "num_active_clusters": cluster_models.count_nonempty(assignment,
+                                                             num_clusters),
     }
     new_state = MomentumClusteringState(params, opt_state, momentum, centers,
                                         assignment, state.byzantine,

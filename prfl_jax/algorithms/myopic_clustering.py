@@ -102,12 +102,10 @@ def myopic_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
     losses, grads = gradients.client_grads(loss_fn, state.params, batch)
     messages = base.attacked(attack, grads, state.byzantine, attack_key)
     index = clustering.farthest_first(messages, num_clusters, start_key,
-                           separation=separation)
-    centers = clustering.threshold_clustering(
+                                      separation=separation)
+    _, assignment, directions = clustering.cluster_and_assign(
         messages, tree_lib.take(messages, index), radius=radius,
         num_iters=num_iters)
-    assignment = clustering.assign(messages, centers)
-    directions = tree_lib.take(centers, assignment)
     params, opt_state = base.apply_updates(optimizer, directions,
                                            state.opt_state, state.params)
     metrics = {
