@@ -9,7 +9,6 @@ chunk (when `eval_every` does not divide `num_rounds`) compiles once more.
 """
 
 import math
-import numbers
 import sys
 import time
 from typing import Any, Callable, NamedTuple, Optional
@@ -21,6 +20,7 @@ import numpy as np
 
 from prfl_jax import checkpoint
 from prfl_jax.algorithms import base
+from prfl_jax.algorithms import cluster_models
 from prfl_jax.data import federated
 
 PyTree = Any
@@ -50,21 +50,14 @@ def personalized_eval(eval_fn: EvalFn, params: PyTree, test: PyTree,
     `{name: scalar mean over benign clients, name + "/per_cluster": [K]}`.
   """
   values = jax.vmap(eval_fn)(params, test)
-  w = (~byzantine).astype(jnp.float32)
-  counts = jax.ops.segment_sum(w, clusters, num_clusters)
+  weights = (~byzantine).astype(jnp.float32)
   out = {}
   for name, v in values.items():
-    v = jnp.where(byzantine, 0.0, v.astype(jnp.float32))
-    out[name] = jnp.sum(v) / jnp.maximum(jnp.sum(w), 1.0)
-    out[name + "/per_cluster"] = (jax.ops.segment_sum(v, clusters, num_clusters)
-                                  / jnp.maximum(counts, 1.0))
+    v = jnp.where(byzantine, 0.0, v.astype(jnp.float32))  # NaN-safe.
+    out[name] = base.benign_mean(v, byzantine)
+    out[name + "/per_cluster"], _ = cluster_models.segment_mean(
+        v, clusters, num_clusters, weights)
   return out
-
-
-def _check_int(value, name, minimum=1):
-  if (not isinstance(value, numbers.Integral) or isinstance(value, bool) or
-      value < minimum):
-    raise ValueError(f"`{name}` must be an integer >= {minimum}, got {value!r}.")
 
 
 def _format(metrics: dict) -> str:
@@ -116,7 +109,7 @@ def train(algorithm: base.Algorithm, params: PyTree,
   if not isinstance(algorithm, base.Algorithm):
     raise TypeError(f"`algorithm` must be a prfl_jax Algorithm, got "
                     f"{type(algorithm)}.")
-  _check_int(num_rounds, "num_rounds")
+  base.check_positive_int(num_rounds, "num_rounds")
   if params is None and initial_state is not None:
     params = initial_state.params
   n = federated.check_data(data)
@@ -126,7 +119,7 @@ def train(algorithm: base.Algorithm, params: PyTree,
   federated.check_batch_size(batch_size, data.train)
   if eval_every is None:
     eval_every = max(1, num_rounds // 20)
-  _check_int(eval_every, "eval_every")
+  base.check_positive_int(eval_every, "eval_every")
   eval_every = min(eval_every, num_rounds)
   if eval_fn is not None and not callable(eval_fn):
     raise TypeError(f"`eval_fn` must be callable, got {type(eval_fn)}.")
