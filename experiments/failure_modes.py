@@ -24,7 +24,6 @@ Usage: python -m experiments.failure_modes [--out results/failure_modes]
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 
@@ -34,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from experiments import common
 from prfl_jax.algorithms.cfl import cfl
 from prfl_jax.algorithms.federated_clustering import federated_clustering
 from prfl_jax.algorithms.hypcluster import hypcluster
@@ -279,7 +279,7 @@ def plot(results: dict, out: str):
         clients)
   axes[0].set_ylabel("x")
   fig.tight_layout()
-  fig.savefig(os.path.join(out, "example1.png"), dpi=120)
+  common.save_figure(fig, os.path.join(out, "example1.png"))
   plt.close(fig)
 
   e2 = results["example2"]
@@ -290,7 +290,7 @@ def plot(results: dict, out: str):
   panel(axes[3], e2["federated_clustering"]["trajectory"],
         "Federated-Clustering", clients[:2])
   fig.tight_layout()
-  fig.savefig(os.path.join(out, "example2.png"), dpi=120)
+  common.save_figure(fig, os.path.join(out, "example2.png"))
   plt.close(fig)
 
   e3 = results["example3"]
@@ -302,7 +302,7 @@ def plot(results: dict, out: str):
   panel(axes[2], e3["federated_clustering"]["trajectory_seed0"],
         "Federated-Clustering", clients)
   fig.tight_layout()
-  fig.savefig(os.path.join(out, "example3.png"), dpi=120)
+  common.save_figure(fig, os.path.join(out, "example3.png"))
   plt.close(fig)
 
 
@@ -364,9 +364,7 @@ def main(argv=None) -> dict:
   cfg = parse(sys.argv[1:] if argv is None else argv)
   results = {"config": dataclasses.asdict(cfg), "example1": example1(cfg),
              "example2": example2(cfg), "example3": example3(cfg)}
-  os.makedirs(cfg.out, exist_ok=True)
-  with open(os.path.join(cfg.out, "failure_modes.json"), "w") as f:
-    json.dump(results, f)
+  common.write_json(os.path.join(cfg.out, "failure_modes.json"), results)
   if cfg.plots:
     plot(results, cfg.out)
   print(summary(results))
