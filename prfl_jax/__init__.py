@@ -12,6 +12,8 @@ from prfl_jax import checkpoint
 from prfl_jax import clustering
 from prfl_jax import data
 from prfl_jax import diagnostics
+from prfl_jax import ghost
+from prfl_jax import models
 from prfl_jax import sharding
 from prfl_jax import sweep
 from prfl_jax import tree

@@ -19,7 +19,10 @@ The execution schedule is a tuning knob with fixed semantics (DESIGN.md):
   nested vmap whose `[c, N, P]` gradients are clustered at once, so peak memory
   is `O(c * N * P)`.
 `kernel` picks the clustering kernel (`"gram"` or `"direct"`, see
-`prfl_jax.clustering`).
+`prfl_jax.clustering`), or `"ghost"`: the Gram kernel fed by
+`prfl_jax.ghost`, which never materialises the per-client gradients of dense
+layers (the loss must be a `ghost.GhostLoss`). The default, `"auto"`, is
+`"ghost"` for a `GhostLoss` without attack and `"gram"` otherwise.
 
 With the Gram kernel, one model's work is: N gradients, their differences
 `y_j = g_j(x_i) - g_i(x_i)` (one elementwise pass), the `[N, N]` Gram matrix of
@@ -38,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from prfl_jax import clustering
+from prfl_jax import ghost
 from prfl_jax import tree as tree_lib
 
 PyTree = Any
@@ -51,7 +55,23 @@ class Schedule(NamedTuple):
   # Models per lax.map step; None: all at once. 1 was fastest and smallest on
   # CPU (benchmarks/bench_round.py); accelerators may prefer larger chunks.
   chunk_size: Optional[int] = 1
-  kernel: str = "gram"  # "gram" or "direct" Threshold-Clustering kernel.
+  # Threshold-Clustering kernel: "gram", "direct", "ghost" (the Gram kernel on
+  # Gram matrices built by prfl_jax.ghost; needs a ghost.GhostLoss), or
+  # "auto": "ghost" where it applies (a GhostLoss and no message_fn), else
+  # "gram".
+  kernel: str = "auto"
+
+
+KERNELS = ("auto", "gram", "direct", "ghost")
+
+
+def resolve_kernel(kernel: str, loss_fn, message_fn=None) -> str:
+  """The kernel `"auto"` stands for, given the loss and the message function."""
+  if kernel != "auto":
+    return kernel
+  if isinstance(loss_fn, ghost.GhostLoss) and message_fn is None:
+    return "ghost"
+  return "gram"
 
 
 def check_schedule(schedule: Schedule):
@@ -63,9 +83,9 @@ def check_schedule(schedule: Schedule):
   if c is not None and (not isinstance(c, numbers.Integral) or c < 1):
     raise ValueError(
         f"`schedule.chunk_size` must be None or an integer >= 1, got {c!r}.")
-  if schedule.kernel not in ("gram", "direct"):
+  if schedule.kernel not in KERNELS:
     raise ValueError(
-        f"`schedule.kernel` must be 'gram' or 'direct', got "
+        f"`schedule.kernel` must be one of {KERNELS}, got "
         f"{schedule.kernel!r}.")
 
 
@@ -164,6 +184,21 @@ def _cluster_one_model(loss_fn, radius, num_iters, kernel, weights, batch,
   return PairsOutput(center, losses[index], own_norm[0], info.inside[0])
 
 
+def _cluster_one_model_ghost(loss_fn, radius, num_iters, weights, batch, shared,
+                             index, x_i):
+  """`_cluster_one_model` with the Gram matrix of `prfl_jax.ghost`."""
+  grads = ghost.ghost_grads(loss_fn, x_i, batch, shared)
+  gram, ok = ghost.centred(grads.gram, index)
+  coefs, info = clustering.gram_clustering_coefs(gram[None], radius, num_iters,
+                                                 weights)
+  # v = g_i + sum_j a_j (g_j - g_i) = sum_j c_j g_j.
+  a = jnp.where(ok, coefs[0], 0.0)
+  c = a + jax.nn.one_hot(index, a.shape[0], dtype=a.dtype) * (1.0 - a.sum())
+  center = ghost.combine(c, grads, ok | (jnp.arange(a.shape[0]) == index))
+  own_norm = jnp.sqrt(grads.gram[index, index])
+  return PairsOutput(center, grads.losses[index], own_norm, info.inside[0])
+
+
 def cluster_at_models(loss_fn: LossFn, params: PyTree, batch: PyTree, *,
                       radius: clustering.Radius, num_iters: int,
                       weights: Optional[jax.Array] = None,
@@ -204,9 +239,21 @@ def cluster_at_models(loss_fn: LossFn, params: PyTree, batch: PyTree, *,
         f"{np.shape(weights)}.")
   if message_fn is not None and key is None:
     raise ValueError("`key` is required when `message_fn` is given.")
-  fn = lambda args: _cluster_one_model(
-      loss_fn, radius, num_iters, schedule.kernel, weights, batch, message_fn,
-      key, *args)
+  kernel = resolve_kernel(schedule.kernel, loss_fn, message_fn)
+  if kernel == "ghost":
+    if message_fn is not None:
+      raise ValueError(
+          "Schedule(kernel='ghost') cannot apply `message_fn` (an attack "
+          "needs the materialised messages); use kernel='gram'.")
+    ghost.check_ghost_loss(loss_fn, jax.tree.map(lambda x: x[0], params),
+                           jax.tree.map(lambda x: x[0], batch))
+    shared = ghost.shared_inputs(loss_fn, params, batch)
+    fn = lambda args: _cluster_one_model_ghost(
+        loss_fn, radius, num_iters, weights, batch, shared, *args)
+  else:
+    fn = lambda args: _cluster_one_model(
+        loss_fn, radius, num_iters, kernel, weights, batch,
+        message_fn, key, *args)
   xs = (jnp.arange(n), params)
   if schedule.chunk_size is None or schedule.chunk_size >= n:
     return jax.vmap(fn)(xs)
