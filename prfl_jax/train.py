@@ -74,7 +74,7 @@ def train(algorithm: base.Algorithm, params: PyTree,
           eval_every: Optional[int] = None, byzantine=None,
           verbose: bool = True, log: Callable[[str], None] = None,
           initial_state: Any = None, checkpoint_path: Optional[str] = None,
-          ) -> TrainResult:
+          donate: bool = True) -> TrainResult:
   """Runs `num_rounds` rounds of `algorithm` on `data`.
 
   Args:
@@ -96,6 +96,11 @@ def train(algorithm: base.Algorithm, params: PyTree,
       more rounds are run and the history's rounds continue its count.
     checkpoint_path: if set, the state is saved there (atomically) after every
       chunk, so an interrupted run can resume.
+    donate: donate each chunk's input state to XLA, so that the new state is
+      written over the old one: a run then holds one copy of the state (e.g.
+      the `[N, ...]` params and optimizer state) instead of two. `train` first
+      copies the initial state once, so the arrays passed in (`params`,
+      `initial_state`) stay valid. Set False on a backend without donation.
 
   Returns:
     `TrainResult(state, history)`. `history` holds numpy arrays:
@@ -147,7 +152,11 @@ def train(algorithm: base.Algorithm, params: PyTree,
     state, metrics = lax.scan(body, state, jax.random.split(key, length))
     return state, metrics, evaluate(state, test)
 
-  run_chunk = jax.jit(chunk, static_argnums=4)
+  if donate:  # Own the state, so that donating it never deletes the caller's.
+    state = jax.tree.map(
+        lambda x: x.copy() if isinstance(x, jax.Array) else x, state)
+  run_chunk = jax.jit(chunk, static_argnums=4,
+                      donate_argnums=0 if donate else ())
   run_eval = jax.jit(evaluate)
 
   num_chunks = math.ceil(num_rounds / eval_every)

@@ -9,6 +9,11 @@ functions built by a lowercase factory that keeps hyperparameters in a closure:
 
 `metrics` is a dict of scalars (means over benign clients), so a run of rounds
 is one `lax.scan`.
+
+A step returns a state of the same shapes as its input, so
+`jax.jit(alg.step, donate_argnums=0)` lets XLA write the new state (e.g. the
+`[N, ...]` params) over the old one, which then must not be used again;
+`prfl.train` donates each chunk's state this way.
 """
 
 import numbers

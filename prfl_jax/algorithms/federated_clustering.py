@@ -12,6 +12,13 @@ updates its model with the cluster estimate. Optionally:
 * `local_steps=s`: s plain local optimizer steps between two clustering rounds
   (the paper's CIFAR-10 experiment, Section 5.3): rounds `t` with
   `t % (s + 1) == 0` cluster, the others take a local step.
+
+Memory: groups run one after another under a chunked schedule (`lax.scan`
+with the params and optimizer state as the carry), and each group's new rows
+are written into the params as soon as the group is done (`clustered_update`),
+so a round holds the state once plus one group's work. Jit the step with
+`jax.jit(alg.step, donate_argnums=0)` (as `prfl.train` does) and the new
+params are written over the old ones instead of into a second `[N, ...]` copy.
 """
 
 from typing import Any, NamedTuple, Optional
@@ -22,6 +29,7 @@ import jax.numpy as jnp
 import optax
 
 from prfl_jax import clustering
+from prfl_jax import ghost
 from prfl_jax import gradients
 from prfl_jax import tree as tree_lib
 from prfl_jax.algorithms import base
@@ -61,11 +69,49 @@ def random_groups(key: jax.Array, num_clients: int, num_groups: int) -> _Groups:
                  weight.reshape(num_groups, size), slot)
 
 
+def _group_directions(loss_fn, gparams: PyTree, gbatch: PyTree,
+                      gbyz: jax.Array, weight: jax.Array, key: jax.Array, *,
+                      radius, num_iters: int, schedule: gradients.Schedule,
+                      attack=None) -> gradients.PairsOutput:
+  """Threshold-Clustering estimate for the S clients of one group.
+
+  Args:
+    loss_fn: loss for one client.
+    gparams: the group's models, leaves `[S, ...]`.
+    gbatch: the group's batches, leaves `[S, B, ...]`.
+    gbyz: `[S]` bool, Byzantine group members (False on padding slots).
+    weight: `[S]` 1.0 for real clients, 0.0 for padding.
+    key: PRNG key of the attack noise.
+    radius, num_iters, schedule, attack: as in `clustered_directions`.
+
+  Returns:
+    `gradients.PairsOutput` with leading axis S (slot order).
+  """
+  message_fn = None
+  if attack is not None:
+    message_fn = lambda grads, i, k: attack(grads, gbyz, k)
+  return gradients.cluster_at_models(
+      loss_fn, gparams, gbatch, radius=radius, num_iters=num_iters,
+      weights=weight, schedule=schedule, message_fn=message_fn, key=key)
+
+
+def _group_keys(key: jax.Array, num_clients: int, num_groups: int):
+  """The round's groups and one attack key per group (`[G]` keys)."""
+  group_key, attack_key = jax.random.split(key)
+  return (random_groups(group_key, num_clients, num_groups),
+          jax.random.split(attack_key, num_groups))
+
+
 def clustered_directions(loss_fn, params: PyTree, batch: PyTree,
                          byzantine: jax.Array, key: jax.Array, *, radius,
                          num_iters: int, num_groups: int,
                          schedule: gradients.Schedule, attack=None):
   """Threshold-Clustering estimate `v_i` for every client (Alg. 1, line 7).
+
+  `federated_clustering` does not call this: it applies each group's update as
+  soon as the group is clustered (`clustered_update`), so that no `[N, ...]`
+  array of estimates is ever materialised. This function returns the same
+  estimates, for inspection.
 
   Args:
     loss_fn: loss for one client.
@@ -82,29 +128,132 @@ def clustered_directions(loss_fn, params: PyTree, batch: PyTree,
     `gradients.PairsOutput` with leading axis N in the original client order
     (`inside` is `[N, S]` over the client's group slots).
   """
-  n = byzantine.shape[0]
-  group_key, attack_key = jax.random.split(key)
-  groups = random_groups(group_key, n, num_groups)
+  groups, gkeys = _group_keys(key, byzantine.shape[0], num_groups)
 
   def one_group(index, weight, gkey):
-    gparams = tree_lib.take(params, index)
-    gbatch = tree_lib.take(batch, index)
-    gbyz = byzantine[index] & (weight > 0)
-    message_fn = None
-    if attack is not None:
-      message_fn = lambda grads, i, k: attack(grads, gbyz, k)
-    return gradients.cluster_at_models(
-        loss_fn, gparams, gbatch, radius=radius, num_iters=num_iters,
-        weights=weight, schedule=schedule, message_fn=message_fn, key=gkey)
+    return _group_directions(
+        loss_fn, tree_lib.take(params, index), tree_lib.take(batch, index),
+        byzantine[index] & (weight > 0), weight, gkey, radius=radius,
+        num_iters=num_iters, schedule=schedule, attack=attack)
 
-  gkeys = jax.random.split(attack_key, num_groups)
   xs = (groups.index, groups.weight, gkeys)
   if schedule.chunk_size is None:
     out = jax.vmap(one_group)(*xs)
   else:  # Groups one after another: memory of one group at a time.
     out = lax.map(lambda a: one_group(*a), xs)
-  flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), out)
-  return jax.tree.map(lambda x: x[groups.slot], flat), groups
+  return _to_client_order(out, groups), groups
+
+
+def _to_client_order(per_slot: PyTree, groups: _Groups) -> PyTree:
+  """Leaves `[G, S, ...]` in group-slot order -> `[N, ...]` in client order."""
+  flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), per_slot)
+  return jax.tree.map(lambda x: x[groups.slot], flat)
+
+
+class RoundStats(NamedTuple):
+  """Per-client by-products of one clustering round (client order)."""
+  own_loss: jax.Array  # [N]: f_i(x_i) on client i's batch.
+  own_grad_norm: jax.Array  # [N]: ||g_i(x_i)||.
+  update_norm: jax.Array  # [N]: ||v_i||, the norm of the cluster estimate.
+  inside: jax.Array  # [N, S] bool: group slot j inside client i's final ball.
+
+
+def clustered_update(loss_fn, optimizer: optax.GradientTransformation,
+                     params: PyTree, opt_state: PyTree, batch: PyTree,
+                     byzantine: jax.Array, key: jax.Array, *, radius,
+                     num_iters: int, num_groups: int,
+                     schedule: gradients.Schedule, attack=None,
+                     cluster=True):
+  """One clustering round: every client steps with its estimate `v_i`.
+
+  Same numbers as `clustered_directions` followed by one optimizer step of
+  every client, but each group's rows of `params` and `opt_state` are updated
+  as soon as the group is clustered. Under a chunked schedule the groups run
+  one after another (`lax.scan`) with `params` and `opt_state` as the carry,
+  so XLA updates them in place: the round never holds an `[N, ...]` array of
+  estimates or a permuted copy of the models, only one group's `[S, ...]`
+  rows at a time (with the step's state donated, the new params reuse the old
+  params' buffers). Groups are disjoint and a group's clustering reads only
+  its own members' models, so updating them before the next group runs
+  changes nothing. With `chunk_size=None` all groups are one `vmap`.
+
+  With `cluster` False (Federated-Clustering's `local_steps`), every client
+  instead steps with its own gradient `g_i(x_i)`, group by group in the same
+  way (the groups then change nothing but the order of the work); the choice
+  is made inside each group, so a traced `cluster` costs no copy of `params`.
+
+  Args:
+    loss_fn: loss for one client.
+    optimizer: per-client optax optimizer.
+    params: leaves `[N, ...]`.
+    opt_state: per-client optimizer state, leaves `[N, ...]`.
+    batch: leaves `[N, B, ...]`.
+    byzantine: `[N]` bool.
+    key: PRNG key (group shuffle and attack noise).
+    radius, num_iters, num_groups, schedule, attack: as in
+      `clustered_directions`.
+    cluster: `[]` bool, possibly traced: cluster (True) or take a plain local
+      step (False; `RoundStats.inside` is then all False).
+
+  Returns:
+    `(params, opt_state, stats, groups)`: the updated params and optimizer
+    state (leaves `[N, ...]`), a `RoundStats` in client order and the round's
+    `_Groups`.
+  """
+  n = byzantine.shape[0]
+  groups, gkeys = _group_keys(key, n, num_groups)
+
+  def group_update(params, opt_state, index, weight, gkey):
+    """Steps one group's S clients; returns their new rows and their stats."""
+    gparams = tree_lib.take(params, index)
+    gbatch = tree_lib.take(batch, index)
+
+    def clustered(_):
+      out = _group_directions(
+          loss_fn, gparams, gbatch, byzantine[index] & (weight > 0), weight,
+          gkey, radius=radius, num_iters=num_iters, schedule=schedule,
+          attack=attack)
+      return out.centers, RoundStats(out.own_loss, out.own_grad_norm,
+                                     base.grad_norms(out.centers), out.inside)
+
+    def local(_):
+      losses, grads = gradients.client_grads(loss_fn, gparams, gbatch)
+      norms = base.grad_norms(grads)
+      size = index.shape[0]
+      return grads, RoundStats(losses, norms, norms,
+                               jnp.zeros((size, size), bool))
+
+    if cluster is True:
+      directions, stats = clustered(None)
+    else:
+      directions, stats = lax.cond(cluster, clustered, local, None)
+    new_params, new_opt = base.apply_updates(
+        optimizer, directions, tree_lib.take(opt_state, index), gparams)
+    return new_params, new_opt, stats
+
+  def put(full, rows, index, weight):
+    """`full[index] = rows` (rows `[R, ...]`, index `[R]`) but for padding."""
+    dest = jnp.where(weight > 0, index, n)  # Out of bounds: dropped.
+    return jax.tree.map(lambda x, r: x.at[dest].set(r, mode="drop"),
+                        full, rows)
+
+  xs = (groups.index, groups.weight, gkeys)
+  if schedule.chunk_size is None:
+    new_params, new_opt, stats = jax.vmap(
+        group_update, in_axes=(None, None, 0, 0, 0))(params, opt_state, *xs)
+    flat = lambda t: jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), t)
+    index, weight = groups.index.ravel(), groups.weight.ravel()
+    params = put(params, flat(new_params), index, weight)
+    opt_state = put(opt_state, flat(new_opt), index, weight)
+  else:
+    def body(carry, x):
+      params, opt_state = carry
+      index, weight, _ = x
+      new_params, new_opt, stats = group_update(params, opt_state, *x)
+      return (put(params, new_params, index, weight),
+              put(opt_state, new_opt, index, weight)), stats
+    (params, opt_state), stats = lax.scan(body, (params, opt_state), xs)
+  return params, opt_state, _to_client_order(stats, groups), groups
 
 
 def federated_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
@@ -126,10 +275,12 @@ def federated_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
     local_steps: plain local steps between two clustering rounds.
     attack: what Byzantine clients send (a `prfl.attacks` function), or None.
     schedule: execution schedule of the all-pairs gradients (same results).
+      `kernel="ghost"` needs a `ghost.GhostLoss` and no `attack`.
 
   Returns:
     `Algorithm(init, step)`; `init(params, *, byzantine=None)` takes params
-    with leaves `[N, ...]` and an optional `[N]` bool mask.
+    with leaves `[N, ...]` and an optional `[N]` bool mask. Jitted with
+    `donate_argnums=0`, `step` writes the new state over the old one.
 
   References:
     Werner et al., 2023, Algorithm 1 (Federated-Clustering) and Algorithm 2.
@@ -139,6 +290,15 @@ def federated_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
   base.check_positive_int(num_groups, "num_groups")
   base.check_positive_int(local_steps, "local_steps", minimum=0)
   gradients.check_schedule(schedule)
+  if schedule.kernel == "ghost":
+    if not isinstance(loss_fn, ghost.GhostLoss):
+      raise TypeError(
+          "`loss_fn` must be a prfl_jax.ghost.GhostLoss for "
+          f"Schedule(kernel='ghost'), got {type(loss_fn)}.")
+    if attack is not None:
+      raise ValueError(
+          "`attack` needs the materialised messages, which "
+          "Schedule(kernel='ghost') never builds; use kernel='gram'.")
   if not callable(radius):
     clustering.check_radius(radius, 1)
 
@@ -152,57 +312,32 @@ def federated_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
                                     base.byzantine_mask(byzantine, n),
                                     jnp.zeros((), jnp.int32))
 
-  def cluster_round(state, batch, key):
-    out, groups = clustered_directions(
-        loss_fn, state.params, batch, state.byzantine, key, radius=radius,
-        num_iters=num_iters, num_groups=num_groups, schedule=schedule,
-        attack=attack)
-    params, opt_state = base.apply_updates(optimizer, out.centers,
-                                           state.opt_state, state.params)
+  def step(state: FederatedClusteringState, batch: PyTree, key: jax.Array):
+    gradients.check_loss_fn(loss_fn, state.params, batch)  # At trace time.
+    cluster = (True if local_steps == 0 else
+               state.round % (local_steps + 1) == 0)
+    params, opt_state, stats, groups = clustered_update(
+        loss_fn, optimizer, state.params, state.opt_state, batch,
+        state.byzantine, key, radius=radius, num_iters=num_iters,
+        num_groups=num_groups, schedule=schedule, attack=attack,
+        cluster=cluster)
     # Share of each client's group inside its final ball, and the share of
-    # the group that is both Byzantine and inside.
+    # the group that is both Byzantine and inside (0 in local rounds).
     group_of = groups.slot // groups.index.shape[1]  # [N]
     slot_w = groups.weight[group_of]  # [N, S]
     slot_byz = (state.byzantine[groups.index] & (groups.weight > 0))[group_of]
-    inside = out.inside & (slot_w > 0)
+    inside = stats.inside & (slot_w > 0)
     gsize = jnp.sum(slot_w, axis=1)
     in_ball = jnp.sum(inside, axis=1) / gsize
     byz_in = jnp.sum(inside & slot_byz, axis=1) / gsize
     metrics = {
-        "loss": base.benign_mean(out.own_loss, state.byzantine),
-        "grad_norm": base.benign_mean(out.own_grad_norm, state.byzantine),
-        "update_norm": base.benign_mean(base.grad_norms(out.centers),
-                                        state.byzantine),
+        "loss": base.benign_mean(stats.own_loss, state.byzantine),
+        "grad_norm": base.benign_mean(stats.own_grad_norm, state.byzantine),
+        "update_norm": base.benign_mean(stats.update_norm, state.byzantine),
         "ball_fraction": base.benign_mean(in_ball, state.byzantine),
         "byzantine_in_ball": base.benign_mean(byz_in, state.byzantine),
-        "clustered": jnp.ones((), jnp.float32),
+        "clustered": jnp.asarray(cluster, jnp.float32),
     }
-    return params, opt_state, metrics
-
-  def local_round(state, batch, key):
-    del key  # Unused.
-    losses, grads = gradients.client_grads(loss_fn, state.params, batch)
-    params, opt_state = base.apply_updates(optimizer, grads, state.opt_state,
-                                           state.params)
-    norms = base.benign_mean(base.grad_norms(grads), state.byzantine)
-    metrics = {
-        "loss": base.benign_mean(losses, state.byzantine),
-        "grad_norm": norms,
-        "update_norm": norms,
-        "ball_fraction": jnp.zeros((), jnp.float32),
-        "byzantine_in_ball": jnp.zeros((), jnp.float32),
-        "clustered": jnp.zeros((), jnp.float32),
-    }
-    return params, opt_state, metrics
-
-  def step(state: FederatedClusteringState, batch: PyTree, key: jax.Array):
-    gradients.check_loss_fn(loss_fn, state.params, batch)  # At trace time.
-    if local_steps == 0:
-      params, opt_state, metrics = cluster_round(state, batch, key)
-    else:
-      params, opt_state, metrics = lax.cond(
-          state.round % (local_steps + 1) == 0, cluster_round, local_round,
-          state, batch, key)
     return state._replace(params=params, opt_state=opt_state,
                           round=state.round + 1), metrics
 
