@@ -7,7 +7,9 @@ own gradient. Model: the paper's MNIST MLP 784-200-10 (ReLU, softmax
 cross-entropy), random data of MNIST shape.
 
 Compared in one run, on the same parameters and data:
-  * every requested prfl_jax schedule (`gradients.cluster_at_models`, jitted);
+  * every requested prfl_jax schedule (`gradients.cluster_at_models`, jitted),
+    the ghost kernel (`prfl_jax.ghost`, no per-client weight gradients) among
+    them;
   * a per-pair JAX loop: a jitted gradient per (model, client) pair in a
     Python double loop, then jitted Threshold-Clustering per model;
   * a per-pair PyTorch loop written like the paper's code (for each model, for
@@ -38,8 +40,8 @@ import prfl_jax as prfl
 from prfl_jax import gradients
 from benchmarks import common
 
-DEFAULT_SCHEDULES = ("full:gram,full:direct,1:gram,1:direct,4:gram,8:gram,"
-                     "16:gram,8:direct")
+DEFAULT_SCHEDULES = ("full:gram,1:gram,1:direct,4:gram,full:ghost,1:ghost,"
+                     "2:ghost,4:ghost,8:ghost")
 
 
 def parse_schedule(spec: str) -> gradients.Schedule:
@@ -60,7 +62,7 @@ def parse_radius(spec: str):
 
 
 def flat_centers(centers) -> np.ndarray:
-  """`[N, P]` in `ravel_pytree` order (b1, b2, w1, w2)."""
+  """`[N, P]` in `ravel_pytree` order (b1, w1, b2, w2)."""
   leaves = jax.tree.leaves(centers)
   n = leaves[0].shape[0]
   return np.concatenate([np.asarray(l).reshape(n, -1) for l in leaves], 1)
@@ -135,8 +137,8 @@ def torch_threshold_clustering(torch, z, v, radius, num_iters):
 
 
 def run_torch_loop(params, batch, radius, num_iters, repeats, budget_s,
-                   threads):
-  """The paper's per-pair loop in PyTorch; None if torch is missing."""
+                   threads, device="cpu"):
+  """The paper's per-pair loop in PyTorch on `device`; None without torch."""
   try:
     import torch  # pylint: disable=g-import-not-at-top
     from torch import nn  # pylint: disable=g-import-not-at-top
@@ -147,27 +149,28 @@ def run_torch_loop(params, batch, radius, num_iters, repeats, budget_s,
   torch.set_num_threads(threads or default_threads)
   try:
     return _torch_loop(torch, nn, F, params, batch, radius, num_iters, repeats,
-                       budget_s)
+                       budget_s, device)
   finally:
     torch.set_num_threads(default_threads)
 
 
 def _torch_loop(torch, nn, F, params, batch, radius, num_iters, repeats,
-                budget_s):
+                budget_s, device):
   n = jax.tree.leaves(params)[0].shape[0]
-  to_t = lambda a: torch.from_numpy(np.array(a, np.float32))
+  to_t = lambda a: torch.from_numpy(np.array(a, np.float32)).to(device)
   models = []
   for i in range(n):
     m = nn.Sequential(nn.Linear(common.IN_DIM, common.HIDDEN), nn.ReLU(),
                       nn.Linear(common.HIDDEN, common.OUT_DIM))
     with torch.no_grad():
-      m[0].weight.copy_(to_t(params["w1"][i]).T)
-      m[0].bias.copy_(to_t(params["b1"][i]))
-      m[2].weight.copy_(to_t(params["w2"][i]).T)
-      m[2].bias.copy_(to_t(params["b2"][i]))
-    models.append(m)
+      for layer, name in ((m[0], "Dense_0"), (m[2], "Dense_1")):
+        layer.weight.copy_(to_t(params[name]["kernel"][i]).T)
+        layer.bias.copy_(to_t(params[name]["bias"][i]))
+    models.append(m.to(device))
   xs = [to_t(batch[0][j]) for j in range(n)]
-  ys = [torch.from_numpy(np.array(batch[1][j], np.int64)) for j in range(n)]
+  ys = [torch.from_numpy(np.array(batch[1][j], np.int64)).to(device)
+        for j in range(n)]
+  sync = torch.cuda.synchronize if device.startswith("cuda") else lambda: None
 
   def round_():
     centers = []
@@ -182,7 +185,9 @@ def _torch_loop(torch, nn, F, params, batch, radius, num_iters, repeats,
         z = torch.stack(grads)
         centers.append(torch_threshold_clustering(torch, z, z[i].clone(),
                                                   radius, num_iters))
-    return torch.stack(centers)
+    out = torch.stack(centers)
+    sync()
+    return out
 
   t0 = time.perf_counter()
   out = round_()
@@ -190,8 +195,9 @@ def _torch_loop(torch, nn, F, params, batch, radius, num_iters, repeats,
   repeats = _fit_repeats(repeats, first_s, budget_s)
   with common.RssSampler() as rss:
     t, times = common.median_time(round_, repeats, warmup=0)
-  # Torch order: W1 [200, 784], b1, W2 [10, 200], b2 -> ravel_pytree order.
-  out = out.numpy()
+  # Torch order: W1 [200, 784], b1, W2 [10, 200], b2 -> ravel_pytree order
+  # of the flax layout: Dense_0 (bias, kernel), Dense_1 (bias, kernel).
+  out = out.cpu().numpy()
   h, d, k = common.HIDDEN, common.IN_DIM, common.OUT_DIM
   w1 = out[:, :h * d].reshape(n, h, d).transpose(0, 2, 1).reshape(n, -1)
   b1 = out[:, h * d:h * d + h]
@@ -200,7 +206,7 @@ def _torch_loop(torch, nn, F, params, batch, radius, num_iters, repeats,
   b2 = out[:, -k:]
   return (dict(time_s=t, times=times, rss_mb=rss.peak_growth_mb,
                torch_threads=torch.get_num_threads()),
-          np.concatenate([b1, b2, w1, w2], axis=1))
+          np.concatenate([b1, w1, b2, w2], axis=1))
 
 
 def bench_n(n, args, schedules, gemm):
@@ -223,12 +229,16 @@ def bench_n(n, args, schedules, gemm):
   if not args.no_loops:
     for threads in [int(t) for t in args.torch_threads.split(",")]:
       res, out = run_torch_loop(params, batch, radius, args.num_iters,
-                                args.loop_repeats, args.budget_s, threads)
+                                args.loop_repeats, args.budget_s, threads,
+                                args.torch_device)
       if res is None:
         print("  torch is not importable: skipping the PyTorch loop "
               "(pip install torch==2.13.0, the `bench` extra).", flush=True)
         break
-      add(f"torch-loop/{res['torch_threads']}t", "torch", res, out)
+      name = (f"torch-loop/{res['torch_threads']}t"
+              if args.torch_device == "cpu" else
+              f"torch-loop/{args.torch_device}")
+      add(name, "torch", res, out)
     res, out = run_jax_loop(params, batch, radius, args.num_iters,
                             args.loop_repeats, args.budget_s)
     add("jax-loop", "jax", res, out)
@@ -295,6 +305,11 @@ def main(argv=None):
   p.add_argument("--torch-threads", default="0,1",
                  help="torch.set_num_threads for the PyTorch loop, one run "
                  "each (0: torch's default); 'x torch' uses the fastest")
+  p.add_argument("--torch-device", default="cpu",
+                 help="device of the PyTorch loop, e.g. cuda on a GPU machine")
+  p.add_argument("--gemm-size", type=int, default=2048,
+                 help="side of the square fp32 GEMM that sets 100%% (use 8192 "
+                 "on a GPU)")
   p.add_argument("--no-loops", action="store_true",
                  help="skip the per-pair JAX and PyTorch loops")
   p.add_argument("--seed", type=int, default=0)
@@ -303,10 +318,11 @@ def main(argv=None):
   schedules = [parse_schedule(s) for s in args.schedules.split(",")]
 
   info = common.machine_info()
-  gemm = {"jax": common.jax_gemm_gflops(), "torch": common.torch_gemm_gflops()}
+  gemm = {"jax": common.jax_gemm_gflops(args.gemm_size),
+          "torch": common.torch_gemm_gflops(args.gemm_size, args.torch_device)}
   print(f"load average {info['loadavg']}, {info['cpu_count']} CPUs, "
         f"jax {info['jax']}, torch {info['torch']}")
-  print(f"fp32 GEMM 2048^3: jnp {gemm['jax']:.1f} GFLOP/s, torch "
+  print(f"fp32 GEMM {args.gemm_size}^3: jnp {gemm['jax']:.1f} GFLOP/s, torch "
         + (f"{gemm['torch']:.1f} GFLOP/s" if gemm["torch"] else "n/a"),
         flush=True)
   rows = []
@@ -317,7 +333,7 @@ def main(argv=None):
   print(f"MLP 784-200-10 ({common.NUM_PARAMS} params), batch "
         f"{args.batch_size}, radius {args.radius}, {args.num_iters} "
         f"clustering steps; FLOPs = 6*P*B*N^2; %GEMM of the same library's "
-        f"2048^3 GEMM; x torch / x jaxloop = speed-up over the loop (x torch: over "
+        f"{args.gemm_size}^3 GEMM; x torch / x jaxloop = speed-up over the loop (x torch: over "
         f"the faster torch thread setting); maxdiff = "
         f"max |centre - {rows[0].get('diff_ref', '?')} centre|.")
   print(common.format_table(rows, COLUMNS))

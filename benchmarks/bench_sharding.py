@@ -76,7 +76,7 @@ def main(argv=None):
     rows.append(dict(devices=ndev, time_s=t, rounds_per_s=1 / t,
                      compile_and_first_s=first,
                      max_abs_diff=float(np.max(np.abs(flat - reference))),
-                     sharding=str(state.params["w1"].sharding.spec)))
+                     sharding=str(state.params["Dense_0"]["kernel"].sharding.spec)))
     print(f"  {ndev} device(s): {t:.3f} s/round", flush=True)
   base = rows[0]["time_s"]
   for r in rows:

@@ -1,5 +1,6 @@
 """Shared pieces of the benchmarks: the paper's MNIST MLP, timing, memory."""
 
+import functools
 import json
 import os
 import platform
@@ -10,8 +11,11 @@ import time
 from typing import Callable, Optional
 
 import jax
+from jax import lax
 import jax.numpy as jnp
 import numpy as np
+
+from prfl_jax import models
 
 IN_DIM, HIDDEN, OUT_DIM = 784, 200, 10
 NUM_PARAMS = IN_DIM * HIDDEN + HIDDEN + HIDDEN * OUT_DIM + OUT_DIM  # 159,010
@@ -19,38 +23,72 @@ RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                            "results")
 
 
-def mlp_loss(params: dict, batch) -> jax.Array:
-  """Softmax cross-entropy of one client's batch `(x [B, 784], y [B])`."""
-  x, y = batch
-  h = jax.nn.relu(x @ params["w1"] + params["b1"])
-  logits = h @ params["w2"] + params["b2"]
-  return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits),
-                                       y[:, None], axis=1))
+# Softmax cross-entropy of one client's batch `(x [B, 784], y [B])`: a
+# `prfl_jax.ghost.GhostLoss`, so Federated-Clustering can use either kernel.
+mlp_loss = models.mlp_classifier_loss(2)
 
 
 def mnist_like_federation(num_clients: int, batch_size: int, seed: int = 0):
-  """Stacked params `[N, ...]` and a random batch of MNIST shape `[N, B, ...]`.
+  """Stacked MLP params `[N, ...]` and a random batch of MNIST shape `[N, B, ...]`.
 
-  Drawn with NumPy in float32, leaf by leaf, so that building the inputs does
-  not raise the process's peak memory above the inputs themselves.
+  The params are in `prfl_jax.models` (flax.linen.Dense) layout:
+  `{"Dense_0": {"kernel": [N, 784, 200], "bias": [N, 200]}, "Dense_1": ...}`.
+
+  Drawn with NumPy in float32 (params uniform in +-1/sqrt(fan_in), inputs
+  uniform in [0, 1), labels uniform) and written into the device arrays a few
+  clients at a time (`_rows_on_device`), so that building the inputs holds
+  the inputs plus one chunk of at most `_CHUNK_BYTES`, never a second full
+  copy. The numbers are those of one NumPy draw per leaf, in the order
+  Dense_0 kernel, Dense_0 bias, Dense_1 kernel, Dense_1 bias, x, y.
   """
   rng = np.random.default_rng(seed)
 
   def uniform(shape, scale):
-    out = rng.random(shape, dtype=np.float32)
-    out *= 2 * scale
-    out -= scale
-    return jnp.asarray(out)
+    def draw(rows_shape):
+      out = rng.random(rows_shape, dtype=np.float32)
+      out *= 2 * scale
+      out -= scale
+      return out
+    return _rows_on_device(shape, np.float32, draw)
 
   n = num_clients
   s1, s2 = IN_DIM**-0.5, HIDDEN**-0.5
-  params = {"w1": uniform((n, IN_DIM, HIDDEN), s1),
-            "b1": uniform((n, HIDDEN), s1),
-            "w2": uniform((n, HIDDEN, OUT_DIM), s2),
-            "b2": uniform((n, OUT_DIM), s2)}
-  x = jnp.asarray(rng.random((n, batch_size, IN_DIM), dtype=np.float32))
-  y = jnp.asarray(rng.integers(0, OUT_DIM, (n, batch_size), dtype=np.int32))
+  params = {}
+  params["Dense_0"] = {"kernel": uniform((n, IN_DIM, HIDDEN), s1),
+                       "bias": uniform((n, HIDDEN), s1)}
+  params["Dense_1"] = {"kernel": uniform((n, HIDDEN, OUT_DIM), s2),
+                       "bias": uniform((n, OUT_DIM), s2)}
+  x = _rows_on_device((n, batch_size, IN_DIM), np.float32,
+                      lambda s: rng.random(s, dtype=np.float32))
+  y = jax.device_put(rng.integers(0, OUT_DIM, (n, batch_size), dtype=np.int32))
   return params, (x, y)
+
+
+_CHUNK_BYTES = 16 * 2**20
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _write_rows(full: jax.Array, rows: jax.Array, start) -> jax.Array:
+  """`full[start:start + R] = rows` in place (`full` is donated)."""
+  return lax.dynamic_update_slice_in_dim(full, rows, start, axis=0)
+
+
+def _rows_on_device(shape: tuple, dtype, draw: Callable) -> jax.Array:
+  """A device array of `shape`, filled by `draw(rows_shape) -> np.ndarray`.
+
+  `draw` is called for consecutive chunks of leading rows (the same numbers
+  as one call for all rows when it draws sequentially from one generator);
+  each chunk is copied into the donated device array, so the peak is the
+  array plus one chunk (`jax.device_put` of a whole NumPy array would hold
+  both full copies, and `jnp.asarray` three).
+  """
+  row_bytes = max(1, int(np.prod(shape[1:])) * np.dtype(dtype).itemsize)
+  rows = max(1, _CHUNK_BYTES // row_bytes)
+  out = jnp.zeros(shape, dtype)
+  for start in range(0, shape[0], rows):
+    chunk = draw((min(rows, shape[0] - start),) + tuple(shape[1:]))
+    out = _write_rows(out, chunk, start)
+  return out
 
 
 def median_time(fn: Callable[[], object], repeats: int,
@@ -109,14 +147,16 @@ def jax_gemm_gflops(size: int = 2048, repeats: int = 5) -> float:
   return 2 * size**3 / t / 1e9
 
 
-def torch_gemm_gflops(size: int = 2048, repeats: int = 5) -> Optional[float]:
-  """Same for `torch.mm`, or None without torch."""
+def torch_gemm_gflops(size: int = 2048, device: str = "cpu",
+                      repeats: int = 5) -> Optional[float]:
+  """Same for `torch.mm` on `device`, or None without torch."""
   try:
     import torch  # pylint: disable=g-import-not-at-top
   except ImportError:
     return None
-  a = torch.randn(size, size)
-  t, _ = median_time(lambda: torch.mm(a, a), repeats)
+  a = torch.randn(size, size, device=device)
+  sync = torch.cuda.synchronize if device.startswith("cuda") else lambda: None
+  t, _ = median_time(lambda: (torch.mm(a, a), sync()), repeats)
   return 2 * size**3 / t / 1e9
 
 
@@ -129,6 +169,7 @@ def machine_info() -> dict:
       "jax": jax.__version__,
       "devices": [str(d) for d in jax.devices()],
       "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
+      "matmul_precision": str(jax.config.jax_default_matmul_precision),
   }
   try:
     import torch  # pylint: disable=g-import-not-at-top

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The GPU benchmarks, as one script for a lent GPU machine (see README.md).
+# Writes JSON and logs to ${OUT:-benchmarks/results}. fp32 throughout: JAX's
+# default matmul precision is set to "highest" (no TF32), as PyTorch's is.
+set -u -o pipefail
+out="$(realpath -m "${OUT:-benchmarks/results}")"
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 JAX_DEFAULT_MATMUL_PRECISION=highest \
+  XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=.
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv \
+  | tee "$out/gpu_info.txt"
+python3 -c "import jax, torch; print(jax.__version__, jax.devices(), torch.__version__)" \
+  | tee -a "$out/gpu_info.txt"
+timeout "${ROUND_TIMEOUT:-400}" python3 -m benchmarks.bench_round \
+  --clients "${CLIENTS:-8,16,32,64}" --torch-device cuda --torch-threads 0 \
+  --gemm-size 8192 --max-full-n 64 --repeats 10 --budget-s 10 \
+  --schedules "full:gram,1:gram,4:gram,16:gram,full:ghost,1:ghost,4:ghost,16:ghost" \
+  --out "$out/round_gpu.json" 2>&1 | tee "$out/round_gpu.log"
