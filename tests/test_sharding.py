@@ -38,12 +38,19 @@ _SCRIPT = textwrap.dedent("""
              rng.integers(0, k, (n, b)).astype(np.int32))
     kr = jax.random.PRNGKey(1)
     byz = np.arange(n) == 7
-    results = {}
-    for groups, schedule in [(2, prfl.Schedule(1, "gram"))]:
+    # The same MLP as a GhostLoss in flax layout, for the ghost kernel.
+    ghost_params = {
+        "Dense_0": {"kernel": params["w1"], "bias": params["b1"]},
+        "Dense_1": {"kernel": params["w2"], "bias": params["b2"]}}
+    mlp = prfl.models.mlp_classifier_loss(2)  # Every layer through (*):
+    ghost_loss = prfl.ghost.GhostLoss(mlp.fn, mlp.layers, always=True)
+    first_leaf = lambda t: jax.tree.leaves(t)[0]
+    for loss_fn, params, schedule, attack in [
+        (loss, params, prfl.Schedule(1, "gram"), prfl.attacks.bit_flip()),
+        (ghost_loss, ghost_params, prfl.Schedule(2, "ghost"), None)]:
       alg = prfl.algorithms.federated_clustering(
-          loss, optax.sgd(0.1), radius=prfl.quantile_radius(0.5),
-          num_iters=4, num_groups=groups, schedule=schedule,
-          attack=prfl.attacks.bit_flip())
+          loss_fn, optax.sgd(0.1), radius=prfl.quantile_radius(0.5),
+          num_iters=4, num_groups=2, schedule=schedule, attack=attack)
       step = jax.jit(alg.step)
 
       def run(state, batch):
@@ -59,13 +66,13 @@ _SCRIPT = textwrap.dedent("""
         state = sharding.shard_clients(alg.init(params, byzantine=byz), mesh,
                                        name="state")
         sbatch = sharding.shard_clients(batch, mesh, name="batch")
-        assert len(state.params["w1"].sharding.device_set) == ndev
+        assert len(first_leaf(state.params).sharding.device_set) == ndev
         sharded, sharded_loss = run(state, sbatch)
         np.testing.assert_allclose(sharded_loss, plain_loss, rtol=2e-5,
                                    atol=1e-6)
         jax.tree.map(lambda a, r: np.testing.assert_allclose(
             a, r, rtol=2e-5, atol=2e-6), sharded.params, plain.params)
-        assert len(sharded.params["w1"].sharding.device_set) == ndev
+        assert len(first_leaf(sharded.params).sharding.device_set) == ndev
 
     mesh = sharding.client_mesh()
     try:
