@@ -16,7 +16,6 @@ Two kernels compute the same thing:
   each step is `O(K * N^2)`, independent of the model size `P`.
 """
 
-import numbers
 from typing import Any, Callable, NamedTuple, Union
 
 import jax
@@ -25,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from prfl_jax import tree as tree_lib
+from prfl_jax import validation
 
 PyTree = Any
 RadiusRule = Callable[[jax.Array, jax.Array], jax.Array]
@@ -134,9 +134,7 @@ def check_radius(radius, num_centers: int):
 
 
 def _check_num_iters(num_iters):
-  if (not isinstance(num_iters, numbers.Integral) or isinstance(num_iters, bool)
-      or num_iters < 1):
-    raise ValueError(f"`num_iters` must be an integer >= 1, got {num_iters!r}.")
+  validation.check_positive_int(num_iters, "num_iters")
 
 
 def _radii(radius: Radius, distances: jax.Array,

@@ -16,7 +16,6 @@ A step returns a state of the same shapes as its input, so
 `prfl.train` donates each chunk's state this way.
 """
 
-import numbers
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
@@ -25,6 +24,7 @@ import numpy as np
 import optax
 
 from prfl_jax import tree as tree_lib
+from prfl_jax import validation
 
 PyTree = Any
 
@@ -53,10 +53,7 @@ def check_optimizer(optimizer):
         f"optax.sgd(0.1)), got {type(optimizer)}.")
 
 
-def check_positive_int(value, name: str, minimum: int = 1):
-  if (not isinstance(value, numbers.Integral) or isinstance(value, bool) or
-      value < minimum):
-    raise ValueError(f"`{name}` must be an integer >= {minimum}, got {value!r}.")
+check_positive_int = validation.check_positive_int
 
 
 def init_params(params: PyTree) -> int:

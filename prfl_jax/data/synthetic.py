@@ -12,6 +12,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from prfl_jax import validation
 from prfl_jax.data.federated import FederatedData
 
 PyTree = Any
@@ -41,8 +42,7 @@ def synthetic_regression(key: jax.Array, *, num_clusters: int = 4,
   for name, value in (("num_clusters", num_clusters),
                       ("clients_per_cluster", clients_per_cluster),
                       ("dim", dim), ("num_samples", num_samples)):
-    if not isinstance(value, int) or value < 1:
-      raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+    validation.check_positive_int(value, name)
   if noise < 0:
     raise ValueError(f"`noise` must be >= 0, got {noise!r}.")
   star_key, a_key, noise_key = jax.random.split(key, 3)
