@@ -288,13 +288,24 @@ def centred_gram(points: PyTree, center: PyTree):
     reads as "outside every ball"); `ok` `[N]` bool.
   """
   centred = jax.tree.map(lambda z, v: z - v[None], points, center)
-  raw = sum(
-      jnp.matmul(y.reshape(y.shape[0], -1), y.reshape(y.shape[0], -1).T,
-                 precision=lax.Precision.HIGHEST)
-      for y in jax.tree.leaves(centred))
+  gram, ok = mask_gram(tree_lib.gram(centred))
+  return centred, gram, ok
+
+
+def mask_gram(raw: jax.Array):
+  """Masks the points of a Gram matrix whose diagonal entry is not finite.
+
+  Args:
+    raw: `[N, N]` Gram matrix.
+
+  Returns:
+    `(gram, ok)`: `gram` `[N, N]` has the rows and columns of points that are
+    not `ok` zeroed and +inf on their diagonal (which `gram_clustering_coefs`
+    reads as "outside every ball"); `ok` `[N]` bool.
+  """
   ok = jnp.isfinite(jnp.diagonal(raw))
   gram = jnp.where(ok[:, None] & ok[None, :], raw, 0.0)
-  return centred, gram + jnp.diag(jnp.where(ok, 0.0, jnp.inf)), ok
+  return gram + jnp.diag(jnp.where(ok, 0.0, jnp.inf)), ok
 
 
 def combine_centred(coefs: jax.Array, centred: PyTree, ok: jax.Array,
@@ -309,10 +320,8 @@ def combine_centred(coefs: jax.Array, centred: PyTree, ok: jax.Array,
   Returns:
     unstacked pytree, the centre.
   """
-  def leaf(y, v):
-    y = jnp.where(ok.reshape((-1,) + (1,) * (y.ndim - 1)), y, 0.0)
-    return v + jnp.tensordot(coefs.astype(y.dtype), y, axes=1)
-  return jax.tree.map(leaf, centred, center)
+  return jax.tree.map(lambda v, s: v + s, center,
+                      tree_lib.masked_combination(coefs, centred, ok))
 
 
 def threshold_clustering_with_info(points: PyTree, init_centers: PyTree, *,

@@ -12,19 +12,19 @@ inputs and output signals. Federated-Clustering (Werner et al., 2023,
 Algorithm 1, lines 6-7) only needs, for every model i, the `[N, N]` Gram
 matrix of `{g_j(x_i)}_j` (Threshold-Clustering then runs on it, see
 `clustering.gram_clustering_coefs`) and one combination `sum_j c_j g_j(x_i)`
-(the centre), which for a dense layer is one GEMM `a^T (c * d)`. So a round needs
-no per-client weight gradient at all: the `[N, in, out]` batched small GEMMs
+(the centre), which for a dense layer is one GEMM `a^T (c * d)`. So a round
+needs no per-client weight gradient at all: the `[N, in, out]` batched small GEMMs
 are replaced by `[N B, out] x [out, N B]` GEMMs (half of them, by symmetry),
 and the input Gram of a layer fed by the data is shared by all models.
 
 A `GhostLoss` is a loss that exposes its dense layers: `fn(params, batch, taps)`
 adds `taps[name]` (`[B, out]`) to layer `name`'s output (for the names in
-`taps`) and returns the loss and every such layer's input. A layer goes through
-(*) only where that costs fewer FLOPs than materialising its per-client
-gradients (`uses_ghost`); for a small layer such as the MNIST MLP's 200 x 10
-output layer the gradients are cheaper, and are computed as usual. It is also an ordinary `loss_fn(params, batch)`,
-so every algorithm accepts it; `Schedule(kernel="ghost")` makes
-`gradients.cluster_at_models` use (*).
+`taps`) and returns the loss and every such layer's input. It is also an
+ordinary `loss_fn(params, batch)`, so every algorithm accepts it;
+`Schedule(kernel="ghost")` makes `gradients.cluster_at_models` use (*). A
+layer goes through (*) only where that costs fewer FLOPs than materialising its
+per-client gradients (`uses_ghost`); for a small layer such as the MNIST MLP's
+200 x 10 output layer the gradients are cheaper, and are computed as usual.
 
 References:
   The per-example form of (*) is the "ghost norm" of Goodfellow (2015),
@@ -39,6 +39,9 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 import numpy as np
+
+from prfl_jax import clustering
+from prfl_jax import tree as tree_lib
 
 PyTree = Any
 Taps = Optional[Mapping[str, jax.Array]]
@@ -75,9 +78,9 @@ class GhostLoss:
   `name` in `layers` (the layout of `flax.linen.Dense`), and `fn` must compute
   each of them as `dense(params[name], a, taps[name] if taps else None)` on a
   `[B, in]` input `a`, returning `(loss, {name: a})`; `taps` is None or maps
-  some of the layer names to `[B, out]` (a layer not in it gets no tap). The loss must be a sum or
-  mean of per-example terms, so that the gradient of layer `name` is
-  `a^T d` with `d` the gradient at the tap.
+  some of the layer names to `[B, out]` (a layer not in it gets no tap). The
+  loss must be a sum or mean of per-example terms, so that the gradient of
+  layer `name` is `a^T d` with `d` the gradient at the tap.
   """
   fn: TappedLossFn
   layers: Sequence[str]
@@ -98,6 +101,29 @@ class GhostLoss:
     return self.fn(params, batch, None)[0]
 
 
+def require_ghost_loss(loss_fn, messages: Optional[str] = None):
+  """Raises unless the ghost kernel can serve `loss_fn` (checked before jit).
+
+  Args:
+    loss_fn: the loss given with `Schedule(kernel="ghost")`.
+    messages: the name of the argument that would replace the honest
+      gradients (`"message_fn"`, `"attack"`) if one is given, else None.
+
+  Raises:
+    TypeError: if `loss_fn` is not a `GhostLoss`.
+    ValueError: if `messages` is given: an attack needs the materialised
+      messages, which the ghost kernel never builds.
+  """
+  if not isinstance(loss_fn, GhostLoss):
+    raise TypeError(
+        "`loss_fn` must be a prfl_jax.ghost.GhostLoss for "
+        f"Schedule(kernel='ghost'), got {type(loss_fn)}.")
+  if messages is not None:
+    raise ValueError(
+        f"`{messages}` needs the materialised messages, which "
+        "Schedule(kernel='ghost') never builds; use kernel='gram'.")
+
+
 def check_ghost_loss(loss_fn, params: PyTree, batch: PyTree):
   """Checks, without compiling, that `loss_fn` is a usable `GhostLoss`.
 
@@ -111,10 +137,7 @@ def check_ghost_loss(loss_fn, params: PyTree, batch: PyTree):
     ValueError: if a layer is missing from `params`, or `fn` returns layer
       inputs whose shapes do not fit the layer's kernel.
   """
-  if not isinstance(loss_fn, GhostLoss):
-    raise TypeError(
-        "`loss_fn` must be a prfl_jax.ghost.GhostLoss for "
-        f"Schedule(kernel='ghost'), got {type(loss_fn)}.")
+  require_ghost_loss(loss_fn)
   if not isinstance(params, Mapping):
     raise TypeError(
         "`params` must be a mapping from layer names to layers for "
@@ -220,7 +243,7 @@ def shared_inputs(loss_fn: GhostLoss, params: PyTree, batch: PyTree) -> dict:
         shared=True)):
       continue
     try:  # out_axes=None fails iff the input depends on the model.
-      jax.eval_shape(jax.vmap(lambda p, n=name: inputs_at(p)[n],
+      jax.eval_shape(jax.vmap(lambda p, layer=name: inputs_at(p)[layer],
                               out_axes=None),
                      jax.tree.map(lambda x: x[:1], params))
     except ValueError:
@@ -292,10 +315,7 @@ def ghost_grads(loss_fn: GhostLoss, model: PyTree, batch: PyTree,
   (losses, inputs), (g_rest, signals) = jax.vmap(
       jax.value_and_grad(client, argnums=(0, 1), has_aux=True),
       in_axes=(None, 0, 0))(rest, taps, batch)
-  gram = sum(
-      (jnp.matmul(g.reshape(n, -1), g.reshape(n, -1).T,
-                  precision=lax.Precision.HIGHEST)
-       for g in jax.tree.leaves(g_rest)), jnp.zeros((n, n), losses.dtype))
+  gram = tree_lib.gram(g_rest)  # 0 when every parameter is in `layers`.
   clean = {}
   for name in layers:
     if name in shared:
@@ -308,7 +328,7 @@ def ghost_grads(loss_fn: GhostLoss, model: PyTree, batch: PyTree,
 
 
 def centred(gram: jax.Array, index: jax.Array) -> tuple:
-  """Gram matrix of `g_j - g_i` from that of `g_j`, masked as `centred_gram`.
+  """Gram matrix of `g_j - g_i` from that of `g_j`, masked by `mask_gram`.
 
   `<g_j - g_i, g_k - g_i> = G_jk - G_ji - G_ik + G_ii`. In float32 this loses
   about `eps * ||g_i||^2` in each entry, which matters only when the spread of
@@ -319,14 +339,11 @@ def centred(gram: jax.Array, index: jax.Array) -> tuple:
     index: the owner i.
 
   Returns:
-    `(gram [N, N], ok [N] bool)`: rows and columns of non-finite gradients
-    zeroed, their diagonal +inf, as `clustering.gram_clustering_coefs` reads.
+    `(gram [N, N], ok [N] bool)`, as `clustering.mask_gram` returns them.
   """
   col = gram[:, index]
-  raw = gram - col[:, None] - col[None, :] + gram[index, index]
-  ok = jnp.isfinite(jnp.diagonal(raw))
-  out = jnp.where(ok[:, None] & ok[None, :], raw, 0.0)
-  return out + jnp.diag(jnp.where(ok, 0.0, jnp.inf)), ok
+  return clustering.mask_gram(
+      gram - col[:, None] - col[None, :] + gram[index, index])
 
 
 def combine(coefs: jax.Array, grads: GhostGrads, ok: jax.Array) -> PyTree:
@@ -341,11 +358,7 @@ def combine(coefs: jax.Array, grads: GhostGrads, ok: jax.Array) -> PyTree:
     unstacked params-shaped pytree.
   """
   c = jnp.where(ok, coefs, 0.0)
-  out = jax.tree.map(
-      lambda g: jnp.tensordot(
-          c.astype(g.dtype),
-          jnp.where(ok.reshape((-1,) + (1,) * (g.ndim - 1)), g, 0.0), axes=1),
-      grads.rest)
+  out = tree_lib.masked_combination(c, grads.rest, ok)
   for name in grads.inputs:
     a, d = grads.inputs[name], grads.signals[name]
     cd = jnp.where(ok[:, None, None], c[:, None, None] * d, 0.0)

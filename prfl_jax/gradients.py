@@ -241,10 +241,8 @@ def cluster_at_models(loss_fn: LossFn, params: PyTree, batch: PyTree, *,
     raise ValueError("`key` is required when `message_fn` is given.")
   kernel = resolve_kernel(schedule.kernel, loss_fn, message_fn)
   if kernel == "ghost":
-    if message_fn is not None:
-      raise ValueError(
-          "Schedule(kernel='ghost') cannot apply `message_fn` (an attack "
-          "needs the materialised messages); use kernel='gram'.")
+    ghost.require_ghost_loss(
+        loss_fn, None if message_fn is None else "message_fn")
     ghost.check_ghost_loss(loss_fn, jax.tree.map(lambda x: x[0], params),
                            jax.tree.map(lambda x: x[0], batch))
     shared = ghost.shared_inputs(loss_fn, params, batch)

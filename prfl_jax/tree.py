@@ -9,6 +9,7 @@ matrices) directly on the pytree, without flattening whole models into one copy.
 from typing import Any, Sequence
 
 import jax
+from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
@@ -138,15 +139,18 @@ def sq_distances(points: PyTree, centers: PyTree) -> jax.Array:
 def gram(points: PyTree) -> jax.Array:
   """Gram matrix `G[i, j] = <z_i, z_j>` summed over leaves.
 
+  Computed at full float32 precision (no TF32 or bf16 passes on
+  accelerators): distances are read off it by differences of its entries.
+
   Args:
     points: pytree, every leaf `[N, ...]`.
 
   Returns:
-    `[N, N]` array.
+    `[N, N]` array (0 for a pytree without leaves).
   """
   def leaf_gram(z):
     z = z.reshape(z.shape[0], -1)
-    return z @ z.T
+    return jnp.matmul(z, z.T, precision=lax.Precision.HIGHEST)
   return sum(leaf_gram(z) for z in jax.tree.leaves(points))
 
 
@@ -162,6 +166,27 @@ def combine(coefs: jax.Array, points: PyTree) -> PyTree:
   """
   return jax.tree.map(
       lambda z: jnp.tensordot(coefs.astype(z.dtype), z, axes=1), points)
+
+
+def masked_combination(coefs: jax.Array, points: PyTree,
+                       mask: jax.Array) -> PyTree:
+  """`sum_i coefs[i] * z_i` over the points where `mask` holds.
+
+  Points outside `mask` are replaced by zeros first, so a NaN or Inf in them
+  never reaches the result (`0 * nan` would).
+
+  Args:
+    coefs: `[N]` array.
+    points: pytree, every leaf `[N, ...]`.
+    mask: `[N]` bool.
+
+  Returns:
+    unstacked pytree (leaves `[...]`).
+  """
+  def leaf(z):
+    z = jnp.where(mask.reshape((-1,) + (1,) * (z.ndim - 1)), z, 0.0)
+    return jnp.tensordot(coefs.astype(z.dtype), z, axes=1)
+  return jax.tree.map(leaf, points)
 
 
 def weighted_mean(points: PyTree, weights: jax.Array) -> PyTree:

@@ -82,7 +82,7 @@ def _group_directions(loss_fn, gparams: PyTree, gbatch: PyTree,
     gbyz: `[S]` bool, Byzantine group members (False on padding slots).
     weight: `[S]` 1.0 for real clients, 0.0 for padding.
     key: PRNG key of the attack noise.
-    radius, num_iters, schedule, attack: as in `clustered_directions`.
+    radius, num_iters, schedule, attack: as in `federated_clustering`.
 
   Returns:
     `gradients.PairsOutput` with leading axis S (slot order).
@@ -93,55 +93,6 @@ def _group_directions(loss_fn, gparams: PyTree, gbatch: PyTree,
   return gradients.cluster_at_models(
       loss_fn, gparams, gbatch, radius=radius, num_iters=num_iters,
       weights=weight, schedule=schedule, message_fn=message_fn, key=key)
-
-
-def _group_keys(key: jax.Array, num_clients: int, num_groups: int):
-  """The round's groups and one attack key per group (`[G]` keys)."""
-  group_key, attack_key = jax.random.split(key)
-  return (random_groups(group_key, num_clients, num_groups),
-          jax.random.split(attack_key, num_groups))
-
-
-def clustered_directions(loss_fn, params: PyTree, batch: PyTree,
-                         byzantine: jax.Array, key: jax.Array, *, radius,
-                         num_iters: int, num_groups: int,
-                         schedule: gradients.Schedule, attack=None):
-  """Threshold-Clustering estimate `v_i` for every client (Alg. 1, line 7).
-
-  `federated_clustering` does not call this: it applies each group's update as
-  soon as the group is clustered (`clustered_update`), so that no `[N, ...]`
-  array of estimates is ever materialised. This function returns the same
-  estimates, for inspection.
-
-  Args:
-    loss_fn: loss for one client.
-    params: leaves `[N, ...]`.
-    batch: leaves `[N, B, ...]`.
-    byzantine: `[N]` bool.
-    key: PRNG key (group shuffle and attack noise).
-    radius, num_iters: Threshold-Clustering arguments.
-    num_groups: number of random groups G.
-    schedule: execution schedule of the all-pairs gradients.
-    attack: optional Byzantine attack.
-
-  Returns:
-    `gradients.PairsOutput` with leading axis N in the original client order
-    (`inside` is `[N, S]` over the client's group slots).
-  """
-  groups, gkeys = _group_keys(key, byzantine.shape[0], num_groups)
-
-  def one_group(index, weight, gkey):
-    return _group_directions(
-        loss_fn, tree_lib.take(params, index), tree_lib.take(batch, index),
-        byzantine[index] & (weight > 0), weight, gkey, radius=radius,
-        num_iters=num_iters, schedule=schedule, attack=attack)
-
-  xs = (groups.index, groups.weight, gkeys)
-  if schedule.chunk_size is None:
-    out = jax.vmap(one_group)(*xs)
-  else:  # Groups one after another: memory of one group at a time.
-    out = lax.map(lambda a: one_group(*a), xs)
-  return _to_client_order(out, groups), groups
 
 
 def _to_client_order(per_slot: PyTree, groups: _Groups) -> PyTree:
@@ -166,9 +117,9 @@ def clustered_update(loss_fn, optimizer: optax.GradientTransformation,
                      cluster=True):
   """One clustering round: every client steps with its estimate `v_i`.
 
-  Same numbers as `clustered_directions` followed by one optimizer step of
-  every client, but each group's rows of `params` and `opt_state` are updated
-  as soon as the group is clustered. Under a chunked schedule the groups run
+  Every client's group is clustered (Algorithm 1, line 7) and the client
+  steps with its estimate; each group's rows of `params` and `opt_state` are
+  updated as soon as the group is clustered. Under a chunked schedule the groups run
   one after another (`lax.scan`) with `params` and `opt_state` as the carry,
   so XLA updates them in place: the round never holds an `[N, ...]` array of
   estimates or a permuted copy of the models, only one group's `[S, ...]`
@@ -191,7 +142,7 @@ def clustered_update(loss_fn, optimizer: optax.GradientTransformation,
     byzantine: `[N]` bool.
     key: PRNG key (group shuffle and attack noise).
     radius, num_iters, num_groups, schedule, attack: as in
-      `clustered_directions`.
+      `federated_clustering`.
     cluster: `[]` bool, possibly traced: cluster (True) or take a plain local
       step (False; `RoundStats.inside` is then all False).
 
@@ -201,7 +152,9 @@ def clustered_update(loss_fn, optimizer: optax.GradientTransformation,
     `_Groups`.
   """
   n = byzantine.shape[0]
-  groups, gkeys = _group_keys(key, n, num_groups)
+  group_key, attack_key = jax.random.split(key)
+  groups = random_groups(group_key, n, num_groups)
+  gkeys = jax.random.split(attack_key, num_groups)
 
   def group_update(params, opt_state, index, weight, gkey):
     """Steps one group's S clients; returns their new rows and their stats."""
@@ -291,14 +244,7 @@ def federated_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
   base.check_positive_int(local_steps, "local_steps", minimum=0)
   gradients.check_schedule(schedule)
   if schedule.kernel == "ghost":
-    if not isinstance(loss_fn, ghost.GhostLoss):
-      raise TypeError(
-          "`loss_fn` must be a prfl_jax.ghost.GhostLoss for "
-          f"Schedule(kernel='ghost'), got {type(loss_fn)}.")
-    if attack is not None:
-      raise ValueError(
-          "`attack` needs the materialised messages, which "
-          "Schedule(kernel='ghost') never builds; use kernel='gram'.")
+    ghost.require_ghost_loss(loss_fn, None if attack is None else "attack")
   if not callable(radius):
     clustering.check_radius(radius, 1)
 
