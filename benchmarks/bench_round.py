@@ -81,19 +81,28 @@ def run_schedule(schedule, params, batch, radius, num_iters, repeats,
   xla_mb = None
   if mem is not None:
     xla_mb = (mem.temp_size_in_bytes + mem.output_size_in_bytes) / 2**20
-  call = lambda: jax.block_until_ready(compiled(params, batch))
+  res, out = _time_round(
+      lambda: jax.block_until_ready(compiled(params, batch)), repeats,
+      budget_s)
+  return dict(res, compile_s=compile_s, xla_mb=xla_mb), flat_centers(out)
+
+
+def _time_round(round_fn, repeats, budget_s):
+  """Runs `round_fn` once (warm-up), then times it with RSS sampling.
+
+  Fewer than `repeats` timed calls are made when the first call shows that
+  they would take longer than `budget_s`.
+
+  Returns:
+    `(dict(time_s, times, rss_mb), output of the first call)`.
+  """
   t0 = time.perf_counter()
-  out = call()
+  out = round_fn()
   first_s = time.perf_counter() - t0
-  repeats = _fit_repeats(repeats, first_s, budget_s)
+  repeats = max(1, min(repeats, int(budget_s / max(first_s, 1e-9))))
   with common.RssSampler() as rss:
-    t, times = common.median_time(call, repeats, warmup=0)
-  return dict(time_s=t, times=times, compile_s=compile_s, xla_mb=xla_mb,
-              rss_mb=rss.peak_growth_mb), flat_centers(out)
-
-
-def _fit_repeats(repeats, one_s, budget_s):
-  return max(1, min(repeats, int(budget_s / max(one_s, 1e-9))))
+    t, times = common.median_time(round_fn, repeats, warmup=0)
+  return dict(time_s=t, times=times, rss_mb=rss.peak_growth_mb), out
 
 
 def run_jax_loop(params, batch, radius, num_iters, repeats, budget_s):
@@ -113,13 +122,8 @@ def run_jax_loop(params, batch, radius, num_iters, repeats, budget_s):
       centers.append(cluster(z, z[i]))
     return jax.block_until_ready(jnp.stack(centers))
 
-  t0 = time.perf_counter()
-  out = round_()  # Compiles.
-  first_s = time.perf_counter() - t0
-  repeats = _fit_repeats(repeats, first_s, budget_s)
-  with common.RssSampler() as rss:
-    t, times = common.median_time(round_, repeats, warmup=0)
-  return dict(time_s=t, times=times, rss_mb=rss.peak_growth_mb), np.asarray(out)
+  res, out = _time_round(round_, repeats, budget_s)  # First call compiles.
+  return res, np.asarray(out)
 
 
 def torch_threshold_clustering(torch, z, v, radius, num_iters):
@@ -189,12 +193,7 @@ def _torch_loop(torch, nn, F, params, batch, radius, num_iters, repeats,
     sync()
     return out
 
-  t0 = time.perf_counter()
-  out = round_()
-  first_s = time.perf_counter() - t0
-  repeats = _fit_repeats(repeats, first_s, budget_s)
-  with common.RssSampler() as rss:
-    t, times = common.median_time(round_, repeats, warmup=0)
+  res, out = _time_round(round_, repeats, budget_s)
   # Torch order: W1 [200, 784], b1, W2 [10, 200], b2 -> ravel_pytree order
   # of the flax layout: Dense_0 (bias, kernel), Dense_1 (bias, kernel).
   out = out.cpu().numpy()
@@ -204,8 +203,7 @@ def _torch_loop(torch, nn, F, params, batch, radius, num_iters, repeats,
   w2 = out[:, h * d + h:h * d + h + k * h].reshape(n, k, h).transpose(
       0, 2, 1).reshape(n, -1)
   b2 = out[:, -k:]
-  return (dict(time_s=t, times=times, rss_mb=rss.peak_growth_mb,
-               torch_threads=torch.get_num_threads()),
+  return (dict(res, torch_threads=torch.get_num_threads()),
           np.concatenate([b1, w1, b2, w2], axis=1))
 
 
