@@ -90,15 +90,23 @@ def quantile_radius(q: Union[float, jax.Array]) -> QuantileRadius:
   experiments (Werner et al., 2023, Section 5.2: 20th percentile).
 
   Args:
-    q: quantile in [0, 1]; may be a traced array (e.g. in a vmapped sweep).
+    q: quantile in (0, 1] (q = 0 would keep only the nearest point, i.e. the
+      centre would follow a single client); may be a traced array (e.g. in a
+      vmapped sweep), which is not checked.
 
   Raises:
-    ValueError: if a concrete `q` lies outside [0, 1].
+    TypeError: if a concrete `q` is not a real number (e.g. a string, None or
+      a bool).
+    ValueError: if a concrete `q` is not a scalar in (0, 1].
   """
   if not isinstance(q, jax.core.Tracer):
-    qa = np.asarray(q)
-    if qa.ndim != 0 or not np.isfinite(qa) or not 0.0 <= float(qa) <= 1.0:
-      raise ValueError(f"`q` must be a scalar in [0, 1], got {q!r}.")
+    qa = None if isinstance(q, (str, bytes)) else np.asarray(q)
+    if qa is None or qa.dtype.kind not in "iuf":
+      raise TypeError(
+          f"`q` must be a real number in (0, 1], got {type(q).__name__} "
+          f"{q!r}.")
+    if qa.ndim != 0 or not np.isfinite(qa) or not 0.0 < float(qa) <= 1.0:
+      raise ValueError(f"`q` must be a scalar in (0, 1], got {q!r}.")
   return QuantileRadius(q)
 
 
@@ -108,13 +116,23 @@ class ClusteringInfo(NamedTuple):
   radius: jax.Array  # [K] radius used at the last step.
 
 
-def check_radius(radius, num_centers: int):
-  """Raises ValueError unless `radius` fits `num_centers` centres.
+def check_radius(radius, num_centers: int, num_points: int = 4):
+  """Raises unless `radius` fits `num_centers` centres.
 
   A radius is a rule (callable), a non-negative scalar or a `[K]` array; traced
-  arrays are checked for shape only.
+  arrays are checked for shape only. A rule other than `QuantileRadius` is
+  traced once with `jax.eval_shape` on `num_points` distances (nothing runs)
+  to check that it returns one real scalar.
+
+  Raises:
+    TypeError: if `radius` is not a number, an array or a callable, or a rule
+      fails or does not return a real array.
+    ValueError: if a concrete radius is negative or NaN, or has a wrong shape,
+      or a rule does not return a scalar.
   """
   if callable(radius):
+    if not isinstance(radius, QuantileRadius):
+      _check_rule(radius, num_points)
     return
   if isinstance(radius, jax.core.Tracer):
     if radius.ndim not in (0, 1) or (radius.ndim == 1 and
@@ -123,7 +141,13 @@ def check_radius(radius, num_centers: int):
           f"`radius` must be a scalar or have shape [{num_centers}], got "
           f"shape {radius.shape}.")
     return
-  r = np.asarray(radius, dtype=np.float64)
+  try:
+    r = np.asarray(radius, dtype=np.float64)
+  except (TypeError, ValueError):
+    raise TypeError(
+        "`radius` must be a number, an array [K] or a rule such as "
+        f"quantile_radius(q), got {type(radius).__name__} {radius!r}."
+    ) from None
   if r.ndim not in (0, 1) or (r.ndim == 1 and r.shape[0] != num_centers):
     raise ValueError(
         f"`radius` must be a scalar, an array of shape [{num_centers}] (one "
@@ -131,6 +155,30 @@ def check_radius(radius, num_centers: int):
         f"{r.shape}.")
   if np.any(np.isnan(r)) or np.any(r < 0):
     raise ValueError(f"`radius` must be non-negative, got {radius!r}.")
+
+
+def _check_rule(rule, num_points: int):
+  """Raises TypeError unless `rule(distances [N], present [N])` is a scalar."""
+  distances = jax.ShapeDtypeStruct((num_points,), jnp.float32)
+  present = jax.ShapeDtypeStruct((num_points,), jnp.bool_)
+  try:
+    out = jax.eval_shape(rule, distances, present)
+  except Exception as e:  # pylint: disable=broad-except
+    raise TypeError(
+        f"radius rule {rule!r} failed on `(distances [{num_points}] float32, "
+        f"present [{num_points}] bool)`: {type(e).__name__}: {e}") from e
+  if not isinstance(out, jax.ShapeDtypeStruct) or not (
+      jnp.issubdtype(out.dtype, jnp.floating) or
+      jnp.issubdtype(out.dtype, jnp.integer)):
+    raise TypeError(
+        f"radius rule {rule!r} must return one real scalar (the radius of "
+        f"one centre) from `(distances [N], present [N])`; it returned "
+        f"{out}.")
+  if out.shape != ():
+    raise ValueError(
+        f"radius rule {rule!r} must return a scalar (the radius of one "
+        f"centre) from `(distances [N], present [N])`; it returned shape "
+        f"{out.shape} for N={num_points}.")
 
 
 def _check_num_iters(num_iters):
@@ -150,40 +198,95 @@ def _inside(d2: jax.Array, valid: jax.Array, present: jax.Array,
             radius: Radius):
   """Ball membership `[K, N]` and radii `[K]` from squared distances `[K, N]`.
 
-  `valid` `[K, N]` marks points with finite coordinates; `present` `[N]` the
-  points with positive weight. Invalid present points count as infinitely
-  far in a radius rule (e.g. the quantile), and are never inside.
+  `valid` `[K, N]` marks usable points (`tree.usable`); `present` `[N]` the
+  points with positive weight. A point that is not valid or whose distance
+  is not finite (it overflowed) counts as infinitely far in a radius rule
+  (e.g. the quantile) and is never inside, even for `radius=inf`: both
+  kernels read "finite" this one way.
   """
   dist = jnp.sqrt(jnp.maximum(d2, 0.0))
-  dist = jnp.where(jnp.isfinite(dist) & valid, dist, jnp.inf)
+  finite = jnp.isfinite(dist) & valid
+  dist = jnp.where(finite, dist, jnp.inf)
   present = jnp.broadcast_to(present, dist.shape)
   tau = _radii(radius, dist, present)
-  inside = valid & present & (dist <= tau[:, None])
+  inside = finite & present & (dist <= tau[:, None])
   return inside, tau
 
 
+def _float_dtype():
+  """JAX's default float dtype (float64 under `jax_enable_x64`)."""
+  return jax.dtypes.canonicalize_dtype(jnp.float64)
+
+
+def as_float(tree: PyTree) -> PyTree:
+  """Casts integer and bool leaves to the default float dtype (others kept).
+
+  Integer points would otherwise round every centre update to integers.
+  """
+  def cast(x):
+    x = jnp.asarray(x)
+    return x if jnp.issubdtype(x.dtype, jnp.inexact) else x.astype(
+        _float_dtype())
+  return jax.tree.map(cast, tree)
+
+
+def check_weights(weights, num_points: int) -> jax.Array:
+  """Validates client weights and returns them as a float `[N]` array.
+
+  Concrete weights must be finite and >= 0 (a negative or infinite weight
+  would move a centre outside the points' hull, a NaN weight would make it
+  NaN). Traced weights (under jit) cannot be checked: there a negative, NaN
+  or infinite weight is treated as 0, i.e. that client is absent.
+
+  Args:
+    weights: `[N]` array (bool, integer or float), or None for all ones.
+    num_points: N.
+
+  Returns:
+    `[N]` float array.
+
+  Raises:
+    TypeError: if `weights` is not numeric.
+    ValueError: on a wrong shape or a negative, NaN or infinite entry.
+  """
+  if weights is None:
+    return jnp.ones((num_points,), jnp.float32)
+  if np.shape(weights) != (num_points,):
+    raise ValueError(
+        f"`weights` must have shape [{num_points}] (one per point), got "
+        f"{np.shape(weights)}.")
+  if not isinstance(weights, jax.core.Tracer):
+    w = np.asarray(weights)
+    if w.dtype.kind not in "biuf":
+      raise TypeError(f"`weights` must be numeric, got dtype {w.dtype}.")
+    bad = ~np.isfinite(w) | (w < 0) if w.dtype.kind == "f" else w < 0
+    if np.any(bad):
+      raise ValueError(
+          "`weights` must be finite and >= 0 (0 marks an absent client); "
+          f"entries {np.flatnonzero(bad).tolist()} are {w[bad].tolist()}.")
+  weights = as_float(weights)
+  return jnp.where(jnp.isfinite(weights) & (weights > 0), weights, 0.0)
+
+
 def _prepare(points, init_centers, radius, num_iters, weights, method):
-  """Validates arguments and returns (n, k, weights [N])."""
+  """Validates arguments; returns float (points, init_centers, weights [N])."""
   if method not in _METHODS:
     raise ValueError(f"`method` must be one of {_METHODS}, got {method!r}.")
   n = tree_lib.num_leading(points, "points")
   k = tree_lib.num_leading(init_centers, "init_centers")
+  if n == 0:
+    raise ValueError("`points` has N=0 points; Threshold-Clustering needs at "
+                     "least one point.")
+  if k == 0:
+    raise ValueError("`init_centers` has K=0 centres; give at least one.")
   tree_lib.check_same_structure(points, init_centers, "points", "init_centers")
   if k > n:
     raise ValueError(
         f"`init_centers` has K={k} centres but `points` only N={n} points; "
         "K must be <= N.")
   _check_num_iters(num_iters)
-  check_radius(radius, k)
-  if weights is None:
-    weights = jnp.ones((n,), jnp.float32)
-  else:
-    if np.shape(weights) != (n,):
-      raise ValueError(
-          f"`weights` must have shape [{n}] (one per point), got "
-          f"{np.shape(weights)}.")
-    weights = jnp.asarray(weights)
-  return n, k, weights
+  check_radius(radius, k, n)
+  return as_float(points), as_float(init_centers), check_weights(weights, n)
 
 
 class _DirectCarry(NamedTuple):
@@ -194,7 +297,7 @@ class _DirectCarry(NamedTuple):
 
 def _direct(points, init_centers, radius, num_iters, weights):
   """Direct kernel; returns (centers, ClusteringInfo)."""
-  finite = tree_lib.all_finite(points)
+  finite = tree_lib.usable(points)
   points = jax.tree.map(
       lambda z: jnp.where(
           finite.reshape((-1,) + (1,) * (z.ndim - 1)), z, jnp.zeros_like(z)),
@@ -256,7 +359,8 @@ def gram_clustering_coefs(grams: jax.Array, radius: Radius, num_iters: int,
   k, n = diag.shape
 
   def body(_, carry: _GramCarry) -> _GramCarry:
-    ga = jnp.einsum("kij,kj->ki", grams, carry.coefs)
+    ga = jnp.einsum("kij,kj->ki", grams, carry.coefs,
+                    precision=lax.Precision.HIGHEST)
     aga = jnp.sum(carry.coefs * ga, axis=1, keepdims=True)
     d2 = diag - 2.0 * ga + aga
     inside, tau = _inside(d2, valid_kn, weights > 0, radius)
@@ -328,10 +432,15 @@ def threshold_clustering_with_info(points: PyTree, init_centers: PyTree, *,
                                    radius: Radius, num_iters: int = 10,
                                    weights=None, method: str = "direct"):
   """`threshold_clustering` that also returns a `ClusteringInfo`."""
-  _, _, weights = _prepare(points, init_centers, radius, num_iters, weights,
-                           method)
+  points, init_centers, weights = _prepare(points, init_centers, radius,
+                                           num_iters, weights, method)
   if method == "direct":
     return _direct(points, init_centers, radius, num_iters, weights)
+  # Unusable points (`tree.usable`) become NaN, so the Gram kernel's own
+  # finiteness test (its diagonal) rejects exactly what `direct` rejects.
+  usable = tree_lib.usable(points)
+  points = jax.tree.map(lambda z: jnp.where(
+      usable.reshape((-1,) + (1,) * (z.ndim - 1)), z, jnp.nan), points)
   centred, grams, ok = jax.vmap(centred_gram, in_axes=(None, 0))(
       points, init_centers)
   coefs, info = gram_clustering_coefs(grams, radius, num_iters, weights)
@@ -343,23 +452,39 @@ def threshold_clustering(points: PyTree, init_centers: PyTree, *,
                          method: str = "direct") -> PyTree:
   """Threshold-Clustering: robust estimates of K cluster centres.
 
+  A point is *usable* iff its squared norm is finite in its dtype (so every
+  coordinate is finite and nothing overflows: `tree.usable`); a point that is
+  not usable, or whose distance to a centre overflows, is outside every ball
+  (also for `radius=inf`) and counts as infinitely far in a radius rule. Both
+  methods apply this one definition.
+
   Args:
-    points: pytree, every leaf `[N, ...]` (e.g. N clients' gradients).
-    init_centers: pytree of the same structure, every leaf `[K, ...]`, K <= N.
+    points: pytree, every leaf `[N, ...]` (e.g. N clients' gradients), N >= 1.
+      Integer or bool leaves are cast to the default float dtype.
+    init_centers: pytree of the same structure, every leaf `[K, ...]`,
+      1 <= K <= N (cast like `points`).
     radius: the ball radius `tau`: a non-negative scalar, an array `[K]` (one
-      per centre), or a rule `rule(distances [N], present [N]) -> tau` such as
-      `quantile_radius(q)`, evaluated for every centre at every step.
+      per centre), or a rule `rule(distances [N], present [N]) -> tau` (one
+      real scalar) such as `quantile_radius(q)`, evaluated for every centre at
+      every step.
     num_iters: number of clustering steps `M` (>= 1).
-    weights: optional `[N]` non-negative weights; 0 marks an absent client
-      (e.g. padding), which never moves a centre nor counts in `W`.
+    weights: optional `[N]` finite non-negative weights; 0 marks an absent
+      client (e.g. padding), which never moves a centre nor counts in `W`.
+      Concrete weights are checked; traced weights (under jit) cannot be, so
+      there a negative, NaN or infinite weight counts as 0.
     method: `"direct"` or `"gram"` (same result, see the module docstring).
 
   Returns:
     pytree, every leaf `[K, ...]`: the centres `v_{k, M}`.
 
   Raises:
-    ValueError: on mismatched leading axes or leaf shapes, K > N, a bad radius,
-      `num_iters < 1`, weights of the wrong shape or an unknown method.
+    ValueError: on N = 0 or K = 0, mismatched leading axes or leaf shapes,
+      K > N, a negative or wrongly shaped radius (or a rule not returning a
+      scalar), `num_iters < 1`, weights of
+      the wrong shape or with a negative, NaN or infinite entry, or an
+      unknown method.
+    TypeError: on a radius that is neither a number, an array nor a rule, a
+      rule that fails or returns no real array, or non-numeric weights.
 
   References:
     Werner et al., 2023, Algorithm 2 (Threshold-Clustering), eq.
@@ -375,19 +500,36 @@ def farthest_first(points: PyTree, num_centers: int, key: jax.Array, *,
                    separation=0.0) -> jax.Array:
   """Farthest-first traversal (Gonzalez, 1985): indices of K spread points.
 
+  Only usable points (`tree.usable`) are chosen while there are any.
+
   Args:
     points: pytree, every leaf `[N, ...]`.
-    num_centers: number of centres K (static, <= N).
-    key: PRNG key choosing the first centre uniformly among finite points.
+    num_centers: number of centres K, an integer with 1 <= K <= N (static).
+    key: PRNG key choosing the first centre uniformly among usable points.
     separation: a new centre is opened only if the farthest point is more
-      than `separation` away from every open centre; the unopened slots
-      repeat the first centre's index.
+      than `separation` (>= 0) away from every open centre; the unopened
+      slots repeat the first centre's index.
 
   Returns:
     `[K]` int32 indices into the points.
+
+  Raises:
+    ValueError: if `num_centers` is not an integer in [1, N] (K > N would
+      have to repeat points), or a concrete `separation` is negative or NaN.
   """
-  tree_lib.num_leading(points, "points")
-  finite = tree_lib.all_finite(points)
+  n = tree_lib.num_leading(points, "points")
+  validation.check_positive_int(num_centers, "num_centers")
+  if num_centers > n:
+    raise ValueError(
+        f"`num_centers`={num_centers} exceeds the number of points N={n}; "
+        "farthest-first picks K distinct points, so K must be <= N.")
+  if not isinstance(separation, jax.core.Tracer):
+    sep = np.asarray(separation, dtype=np.float64)
+    if sep.ndim != 0 or np.isnan(sep) or sep < 0:
+      raise ValueError(
+          f"`separation` must be a scalar >= 0, got {separation!r}.")
+  points = as_float(points)
+  finite = tree_lib.usable(points)
   start = jax.random.categorical(key, jnp.where(finite, 0.0, -jnp.inf))
   start = jnp.where(jnp.any(finite), start, 0).astype(jnp.int32)
   sep2 = jnp.square(jnp.asarray(separation, jnp.float32))

@@ -4,6 +4,15 @@ A federation of N clients is one pytree whose leaves all have shape
 `[num_clients, ...]`. The helpers here build such stacks and compute the
 quantities Threshold-Clustering needs (squared distances, weighted means, Gram
 matrices) directly on the pytree, without flattening whole models into one copy.
+
+Precision: every contraction here (Gram matrices, weighted combinations and
+means, inner products) runs at `lax.Precision.HIGHEST`, whatever
+`jax_default_matmul_precision` says: on GPUs JAX's default float32 matmul is
+TF32 (10-bit mantissa) and on TPUs bf16, which would put errors of ~1e-3
+relative into distances (read off Gram entries by cancellation,
+`|a|^2 + |b|^2 - 2<a, b>`) and into the centres Threshold-Clustering decides
+ball membership with. The model's own forward/backward is not computed here
+and follows the user's precision.
 """
 
 from typing import Any, Sequence
@@ -98,10 +107,13 @@ def take(tree: PyTree, indices: jax.Array) -> PyTree:
   return jax.tree.map(lambda x: jnp.take(x, indices, axis=0), tree)
 
 
+_HIGHEST = lax.Precision.HIGHEST
+
+
 def vdot(a: PyTree, b: PyTree) -> jax.Array:
   """Sum over leaves of <a, b> for two unstacked pytrees; a scalar."""
-  return sum(jnp.vdot(x, y) for x, y in zip(jax.tree.leaves(a),
-                                             jax.tree.leaves(b)))
+  return sum(jnp.vdot(x, y, precision=_HIGHEST)
+             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
 def sq_norms(points: PyTree) -> jax.Array:
@@ -150,7 +162,7 @@ def gram(points: PyTree) -> jax.Array:
   """
   def leaf_gram(z):
     z = z.reshape(z.shape[0], -1)
-    return jnp.matmul(z, z.T, precision=lax.Precision.HIGHEST)
+    return jnp.matmul(z, z.T, precision=_HIGHEST)
   return sum(leaf_gram(z) for z in jax.tree.leaves(points))
 
 
@@ -165,7 +177,8 @@ def combine(coefs: jax.Array, points: PyTree) -> PyTree:
     pytree, every leaf `[K, ...]`.
   """
   return jax.tree.map(
-      lambda z: jnp.tensordot(coefs.astype(z.dtype), z, axes=1), points)
+      lambda z: jnp.tensordot(coefs.astype(z.dtype), z, axes=1,
+                              precision=_HIGHEST), points)
 
 
 def masked_combination(coefs: jax.Array, points: PyTree,
@@ -185,7 +198,7 @@ def masked_combination(coefs: jax.Array, points: PyTree,
   """
   def leaf(z):
     z = jnp.where(mask.reshape((-1,) + (1,) * (z.ndim - 1)), z, 0.0)
-    return jnp.tensordot(coefs.astype(z.dtype), z, axes=1)
+    return jnp.tensordot(coefs.astype(z.dtype), z, axes=1, precision=_HIGHEST)
   return jax.tree.map(leaf, points)
 
 
@@ -201,8 +214,8 @@ def weighted_mean(points: PyTree, weights: jax.Array) -> PyTree:
   """
   total = jnp.sum(weights)
   w = weights / jnp.where(total > 0, total, 1.0)
-  return jax.tree.map(lambda z: jnp.tensordot(w.astype(z.dtype), z, axes=1),
-                      points)
+  return jax.tree.map(lambda z: jnp.tensordot(w.astype(z.dtype), z, axes=1,
+                                              precision=_HIGHEST), points)
 
 
 def all_finite(points: PyTree) -> jax.Array:
@@ -210,6 +223,22 @@ def all_finite(points: PyTree) -> jax.Array:
   return jnp.all(jnp.stack([
       jnp.all(jnp.isfinite(x).reshape(x.shape[0], -1), axis=1)
       for x in jax.tree.leaves(points)]), axis=0)
+
+
+def usable(points: PyTree) -> jax.Array:
+  """`[N]` bool: whether point i can enter a distance computation.
+
+  The one definition of "finite" that Threshold-Clustering (both kernels)
+  and farthest-first use: the squared norm `||z_i||^2`, summed over all
+  leaves in the points' own dtype, is finite. That holds iff every
+  coordinate is finite and the squared norm does not overflow (e.g. a float32
+  coordinate of 1e20 squares to inf), so distances to such a point would be
+  meaningless.
+
+  Args:
+    points: pytree, every leaf `[N, ...]`.
+  """
+  return jnp.isfinite(sq_norms(points))
 
 
 def where(mask: jax.Array, a: PyTree, b: PyTree) -> PyTree:

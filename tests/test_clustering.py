@@ -7,6 +7,7 @@ import pytest
 
 import prfl_jax as prfl
 from tests import reference
+from tests import tolerances
 
 METHODS = ["direct", "gram"]
 
@@ -180,3 +181,195 @@ def test_bad_arguments_raise_before_compiling():
     prfl.threshold_clustering(z, v, radius=1.0, weights=jnp.ones(3))
   with pytest.raises(ValueError, match="method"):
     prfl.threshold_clustering(z, v, radius=1.0, method="fast")
+
+
+# Inputs that used to slip through (issue 11). Each test below failed before
+# the fix that its docstring names.
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("bad", [-1.0, np.nan, np.inf])
+def test_bad_weights_are_rejected(method, bad):
+  """Failed before: -1 gave a centre outside the points' hull, NaN a NaN
+  centre, both silently."""
+  points, init = _data(1)
+  w = np.ones(12, np.float32)
+  w[3] = bad
+  with pytest.raises(ValueError, match="weights"):
+    prfl.threshold_clustering(points, init, radius=2.0, weights=w,
+                              method=method)
+  with pytest.raises(TypeError, match="weights"):
+    prfl.threshold_clustering(points, init, radius=2.0,
+                              weights=np.array(["1"] * 12), method=method)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_bad_weights_under_jit_count_as_absent(method):
+  """Failed before: under jit a NaN weight made every centre NaN and a
+  negative one pushed centres out of the hull. Now they weigh 0."""
+  points, init = _data(2)
+  w = np.ones(12, np.float32)
+  w[[1, 4, 9]] = [-2.0, np.nan, np.inf]
+  out = jax.jit(lambda w: prfl.threshold_clustering(
+      points, init, radius=prfl.quantile_radius(0.5), num_iters=5, weights=w,
+      method=method))(jnp.asarray(w))
+  w0 = np.where(np.isfinite(w) & (w > 0), w, 0.0)
+  ref = reference.threshold_clustering(points, init, None, 5, weights=w0,
+                                       quantile=0.5)
+  np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_integer_points_give_float_centres(method):
+  """Failed before for `direct`: integer points gave all-zero centres (the
+  update was rounded to the points' integer dtype)."""
+  z = np.array([[0, 0], [1, 2], [2, 1], [10, 10], [11, 9]], np.int32)
+  init = np.array([[0, 0], [10, 10]], np.int32)
+  out = prfl.threshold_clustering(z, init, radius=3.0, num_iters=4,
+                                  method=method)
+  assert jnp.issubdtype(out.dtype, jnp.floating)
+  ref = reference.threshold_clustering(z, init, 3.0, 4)
+  np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+  as_float = prfl.threshold_clustering(z.astype(np.float32),
+                                       init.astype(np.float32), radius=3.0,
+                                       num_iters=4, method=method)
+  np.testing.assert_array_equal(out, as_float)
+
+
+@pytest.mark.parametrize("rule", ["inf", "quantile"])
+def test_overflowing_point_is_outside_in_both_kernels(rule):
+  """Failed before: with radius=inf a 1e20 row was inside for `direct`
+  (centre ~2.5e19) and outside for `gram`. Both now use `tree.usable`: a
+  point whose squared norm overflows float32 is treated like a NaN row."""
+  points, init = _data(3)
+  big = points.copy()
+  big[5] = 1e20
+  nan = points.copy()
+  nan[5] = np.nan
+  radius = np.inf if rule == "inf" else prfl.quantile_radius(0.9)
+  ref_kw = ({"radius": np.inf} if rule == "inf" else
+            {"radius": None, "quantile": 0.9})
+  ref = reference.threshold_clustering(nan, init, num_iters=6, **ref_kw)
+  outs = {}
+  for method in METHODS:
+    outs[method] = prfl.threshold_clustering(big, init, radius=radius,
+                                             num_iters=6, method=method)
+    np.testing.assert_allclose(outs[method], ref, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(
+        outs[method], prfl.threshold_clustering(nan, init, radius=radius,
+                                                num_iters=6, method=method))
+  np.testing.assert_allclose(outs["direct"], outs["gram"], rtol=1e-5,
+                             atol=1e-5)
+
+
+def test_usable_is_one_definition():
+  """`tree.usable` (used by both kernels and farthest-first): the last row
+  has finite squares (2.25e38) whose sum overflows."""
+  z = np.array([[1.0, 2.0], [np.nan, 0.0], [np.inf, 0.0], [1e20, 0.0],
+                [1e18, 0.0], [-1.5e19, 1.5e19]], np.float32)
+  np.testing.assert_array_equal(prfl.tree.usable(z),
+                                [True, False, False, False, True, False])
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_empty_inputs_raise_value_error(method):
+  """Failed before: N = 0 raised ZeroDivisionError."""
+  with pytest.raises(ValueError, match="N=0"):
+    prfl.threshold_clustering(jnp.zeros((0, 2)), jnp.zeros((0, 2)),
+                              radius=1.0, method=method)
+  with pytest.raises(ValueError, match="K=0"):
+    prfl.threshold_clustering(jnp.zeros((3, 2)), jnp.zeros((0, 2)),
+                              radius=1.0, method=method)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_radius_rule_of_wrong_shape_is_named(method):
+  """Failed before: a raw broadcasting / scan-carry TypeError from inside the
+  loop, not naming the rule."""
+  def per_point(distances, present):
+    del present  # Unused.
+    return distances  # [N], not one radius.
+  z, v = jnp.zeros((4, 2)), jnp.zeros((2, 2))
+  with pytest.raises(ValueError, match="radius rule .*per_point"):
+    prfl.threshold_clustering(z, v, radius=per_point, method=method)
+  def broken(distances, present):
+    del present  # Unused.
+    return jnp.sum(distances.reshape(3, -1))  # Fails when traced for N=4.
+  with pytest.raises(TypeError, match="radius rule .*broken"):
+    prfl.threshold_clustering(z, v, radius=broken, method=method)
+  with pytest.raises(TypeError, match="radius"):
+    prfl.threshold_clustering(z, v, radius="wide", method=method)
+  # A correct custom rule is accepted.
+  out = prfl.threshold_clustering(z, v, radius=lambda d, p: jnp.max(d),
+                                  method=method)
+  np.testing.assert_array_equal(out, np.zeros((2, 2)))
+
+
+@pytest.mark.parametrize("k", [0, -1, 2.0, 2.5, True, 6])
+def test_farthest_first_checks_num_centers(k):
+  """Failed before: 0 -> IndexError, -1 / 2.5 -> TypeError, 6 > N silently
+  returned repeated indices."""
+  with pytest.raises(ValueError, match="num_centers"):
+    prfl.farthest_first(jnp.arange(5.0)[:, None], k, jax.random.key(0))
+
+
+def test_farthest_first_skips_overflowing_points_and_checks_separation():
+  z = jnp.array([[0.0], [1.0], [1e20], [5.0]])
+  for seed in range(5):
+    index = prfl.farthest_first(z, 3, jax.random.key(seed))
+    assert 2 not in np.asarray(index).tolist()
+  with pytest.raises(ValueError, match="separation"):
+    prfl.farthest_first(z, 2, jax.random.key(0), separation=-1.0)
+
+
+@pytest.mark.parametrize("q, error", [
+    ("0.5", TypeError), (None, TypeError), (True, TypeError),
+    (0, ValueError), (0.0, ValueError), (1.01, ValueError),
+    (np.nan, ValueError), ([0.2, 0.5], ValueError)])
+def test_quantile_radius_checks_q(q, error):
+  """Failed before: strings / None gave numpy TypeErrors not naming `q`, and
+  q = 0 was accepted though (0, 1] is documented."""
+  with pytest.raises(error, match="`q`"):
+    prfl.quantile_radius(q)
+  assert prfl.quantile_radius(1).q == 1
+
+
+# Numerics on accelerators (issue 11): distances, Gram matrices and centre
+# updates run at HIGHEST whatever `jax_default_matmul_precision` says.
+
+
+def _weighted_with_bad_rows(seed=7, n=40, k=4, p=300):
+  rng = np.random.default_rng(seed)
+  means = rng.normal(scale=3.0, size=(k, p))
+  points = (means[rng.integers(0, k, n)] + rng.normal(size=(n, p)) +
+            100.0).astype(np.float32)  # An offset makes cancellation bite.
+  points[3, 7] = np.nan
+  points[11] = np.inf
+  init = points[[0, 5, 9, 20]] + 0.1
+  w = rng.integers(0, 4, n).astype(np.float32)
+  return points, init.astype(np.float32), w
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_low_default_precision_does_not_reach_clustering(method):
+  """Under `jax.default_matmul_precision("bfloat16")` every dot of
+  Threshold-Clustering is still HIGHEST in the lowered program (what a GPU or
+  TPU would run; the CPU ignores the flag, so the HLO is the check here) and
+  the centres match the float64 NumPy reference to float32 accuracy.
+
+  Failed before for `direct` (the centre update `tree.combine` and the
+  weighted sums had DEFAULT precision; on an H200 the centres were off by up
+  to 3e-4 relative) and for `gram` (the coefficient einsum). Mutation check:
+  dropping `precision=` from `tree.combine` makes it fail.
+  """
+  points, init, w = _weighted_with_bad_rows()
+  fn = lambda z, v, w: prfl.threshold_clustering(
+      z, v, radius=prfl.quantile_radius(0.3), num_iters=8, weights=w,
+      method=method)
+  with jax.default_matmul_precision("bfloat16"):
+    precisions = tolerances.dot_precisions(fn, points, init, w)
+    assert tolerances.all_highest(fn, points, init, w), precisions
+    out = jax.jit(fn)(points, init, w)
+  ref = reference.threshold_clustering(points, init, None, 8, weights=w,
+                                       quantile=0.3)
+  np.testing.assert_allclose(out, ref, **tolerances.LIBRARY)

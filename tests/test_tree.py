@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from prfl_jax import tree
+from tests import tolerances
 
 
 def _points(key, n):
@@ -69,3 +70,27 @@ def test_all_finite_where_take_and_keys():
   keys = tree.client_keys(jax.random.key(0), 4)
   assert keys.shape == (4,)
   assert tree.vdot({"a": jnp.ones(3)}, {"a": jnp.arange(3.0)}) == 3.0
+
+
+@pytest.mark.parametrize("name", ["gram", "combine", "masked_combination",
+                                  "weighted_mean", "vdot"])
+def test_contractions_run_at_highest_whatever_the_default(name):
+  """On GPUs the default float32 matmul is TF32, on TPUs bf16; the library's
+  distances, Gram matrices and weighted sums must not follow it (issue 11).
+  The lowered program is checked under a bf16 default (CPUs ignore the flag,
+  so the HLO is what tells). Failed before for every name but `gram`.
+  """
+  pts = _points(jax.random.key(0), 6)
+  coefs = jnp.ones((2, 6)) / 6
+  fns = {
+      "gram": lambda p: tree.gram(p),
+      "combine": lambda p: tree.combine(coefs, p),
+      "masked_combination": lambda p: tree.masked_combination(
+          coefs[0], p, jnp.arange(6) < 4),
+      "weighted_mean": lambda p: tree.weighted_mean(p, coefs[0]),
+      "vdot": lambda p: tree.vdot(jax.tree.map(lambda x: x[0], p),
+                                  jax.tree.map(lambda x: x[1], p)),
+  }
+  with jax.default_matmul_precision("bfloat16"):
+    assert tolerances.all_highest(fns[name], pts), tolerances.dot_precisions(
+        fns[name], pts)
