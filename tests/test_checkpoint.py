@@ -1,0 +1,213 @@
+"""Tests of prfl_jax.checkpoint: orbax steps, checksums, fall-back, targets."""
+
+import json
+import os
+import pathlib
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import prfl_jax as prfl
+from prfl_jax import checkpoint
+
+LOSS = prfl.data.regression_loss
+
+
+def _fc(optimizer=None):
+  return prfl.algorithms.federated_clustering(
+      LOSS, optimizer or optax.adam(1e-2), radius=prfl.quantile_radius(0.5))
+
+
+def _state(round_, alg=None):
+  """A state whose every leaf depends on `round_` (so rounds differ)."""
+  alg = alg or _fc()
+  params = jnp.arange(24, dtype=jnp.float32).reshape(6, 4) + round_
+  state = alg.init(params, byzantine=np.arange(6) == 5)
+  opt = jax.tree.map(lambda x: x + round_ if x.ndim else x, state.opt_state)
+  return state._replace(opt_state=opt, round=jnp.int32(round_))
+
+
+def _assert_equal(a, b):
+  assert type(a) is type(b)
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    assert np.asarray(x).dtype == np.asarray(y).dtype
+    np.testing.assert_array_equal(x, y)
+
+
+def _array_files(step_dir):
+  """The OCDBT data files that hold the state's arrays (read by restore)."""
+  files = sorted((pathlib.Path(step_dir) / "state" / "d").iterdir())
+  assert files
+  return files
+
+
+@pytest.fixture(name="saved")
+def fixture_saved(tmp_path):
+  directory = tmp_path / "ckpt"
+  for r in (3, 6, 9):
+    checkpoint.save(directory, _state(r))
+  return directory
+
+
+def test_save_restore_roundtrip_and_metadata(saved):
+  assert checkpoint.rounds(saved) == [6, 9]  # keep=2: round 3 was dropped.
+  _assert_equal(checkpoint.restore(saved, _state(0)), _state(9))
+  _assert_equal(checkpoint.restore(saved, _state(0), round=6), _state(6))
+  # An abstract target (ShapeDtypeStructs) works as well.
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                          _state(0))
+  _assert_equal(checkpoint.restore(saved, abstract), _state(9))
+  meta = json.loads((saved / "9" / "meta" / "metadata").read_text())
+  assert meta["round"] == 9 and meta["format"] == checkpoint.FORMAT
+  assert meta["state_type"] == (
+      "prfl_jax.algorithms.federated_clustering.FederatedClusteringState")
+  assert meta["treedef"] == str(jax.tree.structure(_state(0)))
+  leaves = {leaf["path"]: (leaf["shape"], leaf["dtype"])
+            for leaf in meta["leaves"]}
+  assert leaves[".params"] == ([6, 4], "float32")
+  assert leaves[".opt_state[0].mu"] == ([6, 4], "float32")
+  assert leaves[".byzantine"] == ([6], "bool")
+  assert leaves[".round"] == ([], "int32")
+  assert set(meta["versions"]) == {"prfl_jax", "jax", "orbax_checkpoint"}
+  manifest = json.loads((saved / "9" / checkpoint.MANIFEST).read_text())
+  files = {str(p.relative_to(saved / "9")) for p in (saved / "9").rglob("*")
+           if p.is_file() and p.name != checkpoint.MANIFEST}
+  assert set(manifest["files"]) == files
+  assert "meta/metadata" in files
+
+
+def test_flipped_byte_in_an_array_is_found_and_the_previous_round_restored(
+    saved):
+  """Failed before the fix: msgpack restored a flipped byte as garbage.
+
+  Mutation check: without `verify` (orbax alone) the error names no file,
+  so the warning check below fails.
+  """
+  for path in _array_files(saved / "9"):
+    original = path.read_bytes()
+    flipped = bytearray(original)
+    flipped[len(flipped) // 2] ^= 0x01
+    path.write_bytes(bytes(flipped))
+    with pytest.warns(UserWarning, match=f"'{path}' is corrupt.*round 6"):
+      _assert_equal(checkpoint.restore(saved, _state(0)), _state(6))
+    with pytest.raises(checkpoint.CheckpointError, match=f"'{path}'"):
+      checkpoint.restore(saved, _state(0), round=9)
+    path.write_bytes(original)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")  # Intact again: no warning.
+    _assert_equal(checkpoint.restore(saved, _state(0)), _state(9))
+
+
+def test_edited_metadata_is_found(saved):
+  """Metadata edited to claim float16 is caught by its checksum."""
+  meta = saved / "9" / "meta" / "metadata"
+  meta.write_text(meta.read_text().replace('"float32"', '"float16"'))
+  with pytest.warns(UserWarning, match=f"'{meta}' (is corrupt|has)"):
+    _assert_equal(checkpoint.restore(saved, _state(0)), _state(6))
+
+
+def test_truncated_missing_and_garbage_files_are_named(saved, tmp_path):
+  """Failed before the fix: truncated or garbage files gave msgpack errors
+  naming no file."""
+  data = _array_files(saved / "9")[0]
+  data.write_bytes(data.read_bytes()[:10])
+  with pytest.raises(checkpoint.CheckpointError,
+                     match=f"'{data}' has 10 bytes"):
+    checkpoint.restore(saved, _state(0), round=9)
+  data.unlink()
+  with pytest.raises(checkpoint.CheckpointError, match=f"'{data}' is missing"):
+    checkpoint.restore(saved, _state(0), round=9)
+  manifest = saved / "6" / checkpoint.MANIFEST
+  manifest.write_bytes(b"\x00garbage\xff")
+  with pytest.raises(checkpoint.CheckpointError) as e:
+    checkpoint.restore(saved, _state(0))
+  message = str(e.value)  # Every candidate is named.
+  assert f"'{data}' is missing" in message
+  assert f"'{manifest}' is not a valid checkpoint manifest" in message
+  manifest.unlink()  # As after a save that died before its manifest.
+  with pytest.raises(checkpoint.CheckpointError,
+                     match=f"'{saved / '6'}' has no {checkpoint.MANIFEST}"):
+    checkpoint.restore(saved, _state(0), round=6)
+
+  extra = tmp_path / "other"
+  checkpoint.save(extra, _state(1))
+  (extra / "1" / "state" / "stray").write_text("x")
+  with pytest.raises(checkpoint.CheckpointError, match="stray' is not listed"):
+    checkpoint.restore(extra, _state(0))
+
+  not_a_dir = tmp_path / "state.msgpack"
+  not_a_dir.write_bytes(b"\x81\xa6params")
+  for call in (lambda: checkpoint.restore(not_a_dir, _state(0)),
+               lambda: checkpoint.save(not_a_dir, _state(0))):
+    with pytest.raises(checkpoint.CheckpointError,
+                       match=f"'{not_a_dir}' is a file"):
+      call()
+  with pytest.raises(FileNotFoundError, match="no checkpoint in"):
+    checkpoint.restore(tmp_path / "nothing", _state(0))
+  with pytest.raises(FileNotFoundError, match="no checkpoint of round 4"):
+    checkpoint.restore(extra, _state(0), round=4)
+
+
+@pytest.mark.parametrize("target, message", [
+    (prfl.algorithms.fedavg(LOSS, optax.adam(1e-2)).init(jnp.zeros((6, 4))),
+     "holds a prfl_jax.algorithms.federated_clustering.FederatedClustering"
+     "State \\(another algorithm's state\\), but `target` is a "
+     "prfl_jax.algorithms.fedavg.FedAvgState"),
+    (_state(0)._replace(params=jnp.zeros((6, 4), jnp.float16)),
+     "at leaf .params: saved float32\\[6, 4\\], target float16\\[6, 4\\]"),
+    (_state(0)._replace(params=jnp.zeros((6, 4), jnp.int32)),
+     "at leaf .params: saved float32\\[6, 4\\], target int32\\[6, 4\\]"),
+    (_state(0)._replace(round=jnp.float32(0)),
+     "at leaf .round: saved int32\\[\\], target float32\\[\\]"),
+    (_fc().init(jnp.zeros((5, 4))), "at leaf .params: saved float32\\[6, 4\\]"
+     ", target float32\\[5, 4\\]"),
+    (_fc(optax.sgd(0.1, momentum=0.9)).init(jnp.zeros((6, 4))),
+     "another tree structure than `target`: leaves only in the checkpoint "
+     "\\['.opt_state\\[0\\].count', '.opt_state\\[0\\].mu'"),
+    (_state(0)._replace(params={"w": jnp.zeros((6, 4))}),
+     "only in `target` \\[\"\\.params\\['w'\\]\"\\]"),
+])
+def test_restore_rejects_another_algorithm_dtype_shape_or_structure(
+    saved, target, message):
+  """Failed before the fix: float16 / int32 targets and another algorithm's
+  state (FedAvgState has the same fields) were accepted."""
+  with pytest.raises(ValueError, match=f"checkpoint '{saved / '9'}'"):
+    checkpoint.restore(saved, target)
+  with pytest.raises(ValueError, match=message):
+    checkpoint.restore(saved, target)
+
+
+def test_saving_an_earlier_round_replaces_its_future(saved):
+  checkpoint.save(saved, _state(4), keep=3)
+  assert checkpoint.rounds(saved) == [4]
+  checkpoint.save(saved, _state(5), keep=3)
+  checkpoint.save(saved, _state(7), keep=3)
+  checkpoint.save(saved, _state(8), keep=3)
+  assert checkpoint.rounds(saved) == [5, 7, 8]
+  _assert_equal(checkpoint.restore(saved, _state(0)), _state(8))
+
+
+def test_save_argument_checks(tmp_path):
+  with pytest.raises(ValueError, match="`keep`"):
+    checkpoint.save(tmp_path / "a", _state(1), keep=0)
+  with pytest.raises(ValueError, match="scalar `round` field"):
+    checkpoint.save(tmp_path / "a", {"params": jnp.zeros(3)})
+  blocker = tmp_path / "file"
+  blocker.write_text("x")
+  with pytest.raises(OSError, match="is not writable"):
+    checkpoint.save(blocker / "ckpt", _state(1))
+  assert not list(tmp_path.glob("a*"))
+
+
+def test_restore_places_leaves_with_the_targets_sharding(saved):
+  mesh = prfl.sharding.client_mesh()
+  target = prfl.sharding.shard_clients(_state(0), mesh, name="state")
+  out = checkpoint.restore(saved, target)
+  _assert_equal(jax.device_get(out), jax.device_get(_state(9)))
+  assert out.params.sharding == target.params.sharding
+  assert os.path.isdir(saved / "9")
