@@ -14,13 +14,21 @@ communication (e.g. the all-gathers that the all-pairs gradients
   batch = prfl.sharding.shard_clients(batch, mesh, name="batch")
   state, metrics = jax.jit(alg.step)(state, batch, key)
 
-Across hosts, call `jax.distributed.initialize()` first; `client_mesh()` then
-spans every process's devices (see benchmarks/README.md).
+Across processes (hosts), call `jax.distributed.initialize()` first;
+`client_mesh()` then spans every process's devices, and the same program runs
+in every process (benchmarks/README.md). Each process then needs only the rows
+of its own devices: `local_clients(n, mesh)` says which, `shard_local_clients`
+assembles the global arrays from every process's rows, and `to_host` reads a
+result back as NumPy in every process:
+
+  rows = prfl.sharding.local_clients(n, mesh)      # e.g. slice(0, n // 2)
+  train = prfl.sharding.shard_local_clients(load(rows), mesh, num_clients=n)
 """
 
 from typing import Any, Optional, Sequence
 
 import jax
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
@@ -112,6 +120,11 @@ def shard_clients(tree: PyTree, mesh: Mesh, *, name: str = "tree",
   Byzantine mask: `[N, ...]`) is split into `N / num_devices` clients per
   device; scalar leaves (e.g. the round counter) are replicated.
 
+  Across processes (`jax.distributed`), every process passes the same full
+  value of host-local leaves (NumPy, or arrays on its own devices) and keeps
+  only its own devices' rows; leaves that already span several processes
+  (e.g. a state built from `shard_local_clients` data) are resharded.
+
   Args:
     tree: pytree of arrays; non-scalar leaves have leading axis N.
     mesh: mesh from `client_mesh`.
@@ -124,11 +137,115 @@ def shard_clients(tree: PyTree, mesh: Mesh, *, name: str = "tree",
   Raises:
     ValueError: as `client_shardings`.
   """
-  return jax.device_put(tree, client_shardings(tree, mesh, name=name,
-                                               axis_name=axis_name))
+  shardings = client_shardings(tree, mesh, name=name, axis_name=axis_name)
+  if jax.process_count() == 1:
+    return jax.device_put(tree, shardings)
+
+  def place(x, sharding):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      return jax.device_put(x, sharding)
+    host = np.asarray(x)
+    return jax.make_array_from_callback(host.shape, sharding,
+                                        lambda index: host[index])
+  return jax.tree.map(place, tree, shardings)
+
+
+def local_clients(num_clients: int, mesh: Mesh, *,
+                  axis_name: str = CLIENT_AXIS) -> slice:
+  """The clients (rows) that this process's devices hold on `mesh`.
+
+  With `client_mesh()` (devices ordered by process) every process holds one
+  contiguous block of `num_clients / jax.process_count()` clients.
+
+  Args:
+    num_clients: N, divisible by the size of the mesh axis.
+    mesh: the mesh.
+    axis_name: mesh axis that carries the clients.
+
+  Returns:
+    `slice(start, stop)` into the client axis.
+
+  Raises:
+    ValueError: if N is not divisible by the axis size, or this process's
+      rows are not contiguous (a mesh whose devices are not grouped by
+      process).
+  """
+  size = _axis_size(mesh, axis_name)
+  if num_clients % size:
+    raise ValueError(
+        f"`num_clients`={num_clients} is not divisible by the {size} devices "
+        f"of the mesh axis {axis_name!r}.")
+  indices = client_sharding(mesh, axis_name).addressable_devices_indices_map(
+      (num_clients,))
+  rows = sorted({idx[0].indices(num_clients)[:2] for idx in indices.values()})
+  start, stop = rows[0][0], rows[-1][1]
+  if sum(b - a for a, b in rows) != stop - start:
+    raise ValueError(
+        f"this process's devices hold the non-contiguous client blocks {rows} "
+        "on `mesh`; order the mesh's devices by process (as `client_mesh()` "
+        "does).")
+  return slice(start, stop)
+
+
+def shard_local_clients(tree: PyTree, mesh: Mesh, *, num_clients: int,
+                        name: str = "tree",
+                        axis_name: str = CLIENT_AXIS) -> PyTree:
+  """Global arrays from every process's own rows (multi-process placement).
+
+  Every process calls it with the rows `local_clients(num_clients, mesh)` of
+  each non-scalar leaf (`[N / num_processes, ...]`) and the same value of
+  every scalar leaf; no process ever holds the whole federation. In one
+  process it equals `shard_clients(tree, mesh)`.
+
+  Args:
+    tree: pytree; non-scalar leaves `[rows of this process, ...]`.
+    mesh: mesh from `client_mesh`.
+    num_clients: N, the global number of clients.
+    name: argument name used in error messages.
+    axis_name: mesh axis that carries the clients.
+
+  Returns:
+    the global pytree: non-scalar leaves `[N, ...]` split over `axis_name`,
+    scalars replicated.
+
+  Raises:
+    ValueError: if a leaf's leading axis is not this process's row count.
+  """
+  rows = local_clients(num_clients, mesh, axis_name=axis_name)
+  count = rows.stop - rows.start
+  split, whole = client_sharding(mesh, axis_name), replicated(mesh)
+
+  def place(x):
+    x = np.asarray(x)
+    if not x.ndim:
+      return jax.make_array_from_process_local_data(whole, x, ())
+    if x.shape[0] != count:
+      raise ValueError(
+          f"`{name}` leaves must hold this process's {count} clients "
+          f"(rows {rows.start}:{rows.stop} of {num_clients}), got a leaf of "
+          f"shape {x.shape}.")
+    return jax.make_array_from_process_local_data(
+        split, x, (num_clients,) + x.shape[1:])
+  return jax.tree.map(place, tree)
+
+
+def to_host(tree: PyTree) -> PyTree:
+  """Every leaf as a NumPy array holding its global value, in every process.
+
+  A collective across processes when a leaf spans several of them (every
+  process must call it); otherwise `jax.device_get`.
+  """
+  def fetch(x):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      if x.is_fully_replicated:
+        return np.asarray(x.addressable_data(0))
+      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(jax.device_get(x))
+  return jax.tree.map(fetch, tree)
 
 
 __all__ = [
     "CLIENT_AXIS", "client_mesh", "client_sharding", "client_shardings",
-    "replicated", "shard_clients",
+    "local_clients", "replicated", "shard_clients", "shard_local_clients",
+    "to_host",
 ]

@@ -4,8 +4,14 @@ Rounds are grouped into chunks of `eval_every` rounds; each chunk is one XLA
 program (a `lax.scan` over rounds, batches sampled inside it) that ends with a
 personalized evaluation: every client's model on its own test data, averaged
 over benign clients and per true cluster. Between chunks the host prints
-progress (round, metrics, time left). The chunk compiles once; a shorter last
-chunk (when `eval_every` does not divide `num_rounds`) compiles once more.
+progress (round, metrics, time left) and may save a checkpoint. The chunk
+compiles once; a shorter last chunk (when `eval_every` does not divide
+`num_rounds`) compiles once more.
+
+Round r (counted from 0 over the whole run, i.e. `state.round` before it)
+draws all its randomness (mini-batches, FC's groups, attack noise) from
+`jax.random.fold_in(key, r)`: results depend neither on `eval_every` nor on
+where a run was stopped and resumed.
 """
 
 import math
@@ -19,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from prfl_jax import checkpoint
+from prfl_jax import sharding
 from prfl_jax.algorithms import base
 from prfl_jax.algorithms import cluster_models
 from prfl_jax.data import federated
@@ -47,7 +54,9 @@ def personalized_eval(eval_fn: EvalFn, params: PyTree, test: PyTree,
     num_clusters: K.
 
   Returns:
-    `{name: scalar mean over benign clients, name + "/per_cluster": [K]}`.
+    `{name: scalar mean over benign clients, name + "/per_cluster": [K]}`;
+    a cluster without benign clients (no client has its id, or all of them
+    are Byzantine) reports NaN, never a made-up 0.
   """
   values = jax.vmap(eval_fn)(params, test)
   weights = (~byzantine).astype(jnp.float32)
@@ -55,9 +64,45 @@ def personalized_eval(eval_fn: EvalFn, params: PyTree, test: PyTree,
   for name, v in values.items():
     v = jnp.where(byzantine, 0.0, v.astype(jnp.float32))  # NaN-safe.
     out[name] = base.benign_mean(v, byzantine)
-    out[name + "/per_cluster"], _ = cluster_models.segment_mean(
-        v, clusters, num_clusters, weights)
+    means, totals = cluster_models.segment_mean(v, clusters, num_clusters,
+                                                weights)
+    out[name + "/per_cluster"] = jnp.where(totals > 0, means, jnp.nan)
   return out
+
+
+def check_eval_fn(eval_fn: EvalFn, params: PyTree, test: PyTree):
+  """Raises TypeError unless `eval_fn` returns a dict of scalars.
+
+  Traces `eval_fn` on one client's shapes with `jax.eval_shape` (nothing is
+  compiled or run).
+
+  Args:
+    eval_fn: `eval_fn(params, test) -> {name: scalar}` for one client.
+    params: leaves `[N, ...]`.
+    test: leaves `[N, ...]`.
+  """
+  one = lambda tree: jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(np.shape(x)[1:], x.dtype), tree)
+  out = jax.eval_shape(eval_fn, one(params), one(test))
+  if not isinstance(out, dict):
+    raise TypeError(
+        "`eval_fn(params, test)` must return a dict {name: scalar} for one "
+        f"client, got {type(out).__name__}.")
+  for name, v in out.items():
+    if (not isinstance(name, str) or not isinstance(v, jax.ShapeDtypeStruct)
+        or v.shape != () or
+        not jnp.issubdtype(v.dtype, jnp.number) and v.dtype != bool):
+      raise TypeError(
+          "`eval_fn(params, test)` must return a dict {name: scalar} for one "
+          f"client; entry {name!r} is {v}.")
+
+
+def _check_clusters(clusters: np.ndarray):
+  if not (np.issubdtype(clusters.dtype, np.integer) and
+          (clusters.size == 0 or clusters.min() >= 0)):
+    raise ValueError(
+        "`data.clusters` must hold non-negative integer cluster ids, got "
+        f"dtype {clusters.dtype} with values {np.unique(clusters)[:10]}.")
 
 
 def _format(metrics: dict) -> str:
@@ -83,19 +128,24 @@ def train(algorithm: base.Algorithm, params: PyTree,
       may be None when `initial_state` is given.
     data: the federation; `data.train` leaves `[N, M, ...]`.
     num_rounds: number of rounds T.
-    key: PRNG key; the same key gives the same numbers.
+    key: PRNG key; the same key gives the same numbers. Round r's randomness
+      is `fold_in(key, r)`, so a resumed run (same `key`) continues the
+      random stream of the uninterrupted one.
     batch_size: examples per client per round (None: all M).
     eval_fn: `eval_fn(params, test) -> {name: scalar}` for one client.
     eval_every: rounds per compiled chunk / between evaluations (default: about
-      20 evaluations per run).
-    byzantine: optional `[N]` bool mask of malicious clients.
-    verbose: print progress after every chunk.
-    log: where progress lines go (default: stderr).
+      20 evaluations per run); does not change the results.
+    byzantine: optional `[N]` bool mask of malicious clients. It is part of
+      the state: with `initial_state`, it may only repeat the state's mask.
     initial_state: resume from this state (e.g. `prfl.checkpoint.restore`d)
       instead of `algorithm.init(params, byzantine=byzantine)`; `num_rounds`
       more rounds are run and the history's rounds continue its count.
-    checkpoint_path: if set, the state is saved there (atomically) after every
-      chunk, so an interrupted run can resume.
+    checkpoint_path: if set, a directory where `prfl.checkpoint.save` stores
+      the state after every chunk (orbax, with checksums), so an interrupted
+      run can resume; checked writable before the first round. A fresh run
+      (no `initial_state`) needs a directory without checkpoints.
+    verbose: print progress after every chunk.
+    log: where progress lines go (default: stderr).
     donate: donate each chunk's input state to XLA, so that the new state is
       written over the old one: a run then holds one copy of the state (e.g.
       the `[N, ...]` params and optimizer state) instead of two. `train` first
@@ -106,10 +156,14 @@ def train(algorithm: base.Algorithm, params: PyTree,
     `TrainResult(state, history)`. `history` holds numpy arrays:
     `"round"` `[T]` and `"train/<metric>"` `[T]` for every step metric;
     `"eval_round"` `[E]` (0 and every chunk end), `"eval/<name>"` `[E]`,
-    `"eval/<name>/per_cluster"` `[E, K]` and `"elapsed_s"` `[E]`.
+    `"eval/<name>/per_cluster"` `[E, K]` (NaN for a cluster id without
+    benign clients) and `"elapsed_s"` `[E]`.
 
   Raises:
-    ValueError/TypeError: on inconsistent arguments, before compiling.
+    ValueError/TypeError: on inconsistent arguments (also `eval_fn` not
+      returning a dict of scalars, a `byzantine` mask that contradicts
+      `initial_state`'s), before compiling.
+    OSError: if `checkpoint_path` is not writable, before the first round.
   """
   if not isinstance(algorithm, base.Algorithm):
     raise TypeError(f"`algorithm` must be a prfl_jax Algorithm, got "
@@ -130,13 +184,32 @@ def train(algorithm: base.Algorithm, params: PyTree,
     raise TypeError(f"`eval_fn` must be callable, got {type(eval_fn)}.")
   log = log or (lambda s: print(s, file=sys.stderr, flush=True))
   clusters = np.asarray(data.clusters)
+  _check_clusters(clusters)
   num_clusters = int(clusters.max()) + 1 if clusters.size else 1
+  if eval_fn is not None:
+    check_eval_fn(eval_fn, params, data.test)
 
   if initial_state is None:
     state = algorithm.init(params, byzantine=byzantine)
   else:
     state = initial_state
-  start_round = int(getattr(state, "round", 0))
+    if byzantine is not None:
+      saved = sharding.to_host(state.byzantine)
+      if (np.shape(byzantine) != saved.shape or
+          not np.array_equal(np.asarray(byzantine, bool), saved)):
+        raise ValueError(
+            "`byzantine` differs from `initial_state.byzantine`; the mask is "
+            "part of the state, so a resumed run keeps it: leave `byzantine` "
+            "out (or pass the state's mask), or start a new run.")
+  start_round = int(sharding.to_host(getattr(state, "round", 0)))
+  if checkpoint_path is not None:
+    checkpoint.check_writable(checkpoint_path)
+    saved_rounds = checkpoint.rounds(checkpoint_path)
+    if initial_state is None and saved_rounds:
+      raise ValueError(
+          f"`checkpoint_path` {checkpoint_path!r} already holds checkpoints "
+          f"of rounds {saved_rounds}: resume that run with `initial_state="
+          "prfl.checkpoint.restore(path, target)`, or use another directory.")
 
   def evaluate(state, test):
     if eval_fn is None:
@@ -144,12 +217,14 @@ def train(algorithm: base.Algorithm, params: PyTree,
     return personalized_eval(eval_fn, state.params, test, data.clusters,
                              state.byzantine, num_clusters)
 
-  def chunk(state, key, train_data, test, length):
-    def body(state, round_key):
+  def chunk(state, first_round, train_data, test, length):
+    def body(state, round_index):
+      round_key = jax.random.fold_in(key, round_index)
       batch_key, step_key = jax.random.split(round_key)
       batch = federated.sample_batch(batch_key, train_data, batch_size)
       return algorithm.step(state, batch, step_key)
-    state, metrics = lax.scan(body, state, jax.random.split(key, length))
+    rounds = first_round + jnp.arange(length, dtype=jnp.int32)
+    state, metrics = lax.scan(body, state, rounds)
     return state, metrics, evaluate(state, test)
 
   if donate:  # Own the state, so that donating it never deletes the caller's.
@@ -160,18 +235,17 @@ def train(algorithm: base.Algorithm, params: PyTree,
   run_eval = jax.jit(evaluate)
 
   num_chunks = math.ceil(num_rounds / eval_every)
-  chunk_keys = jax.random.split(key, num_chunks)
   start = time.perf_counter()
-  evals = [jax.device_get(run_eval(state, data.test))]
+  evals = [sharding.to_host(run_eval(state, data.test))]
   elapsed = [0.0]
   eval_rounds = [start_round]
   train_metrics = []
   done = 0
-  for c in range(num_chunks):
+  for _ in range(num_chunks):
     length = min(eval_every, num_rounds - done)
-    state, metrics, ev = run_chunk(state, chunk_keys[c], data.train, data.test,
-                                   length)
-    metrics, ev = jax.device_get((metrics, ev))
+    state, metrics, ev = run_chunk(state, np.int32(start_round + done),
+                                   data.train, data.test, length)
+    metrics, ev = sharding.to_host((metrics, ev))
     done += length
     train_metrics.append(metrics)
     evals.append(ev)
@@ -184,8 +258,8 @@ def train(algorithm: base.Algorithm, params: PyTree,
       left = now / done * (num_rounds - done)
       last = {f"train/{k}": v[-1] for k, v in metrics.items()}
       last.update({f"eval/{k}": v for k, v in ev.items()})
-      log(f"[round {start_round + done}/{start_round + num_rounds}] {_format(last)} | {now:.1f}s elapsed, "
-          f"~{left:.1f}s left")
+      log(f"[round {start_round + done}/{start_round + num_rounds}] "
+          f"{_format(last)} | {now:.1f}s elapsed, ~{left:.1f}s left")
 
   history = {"round": np.arange(start_round + 1,
                                start_round + num_rounds + 1)}

@@ -1,5 +1,10 @@
 """Tests of prfl_jax.train and the synthetic federation."""
 
+import os
+import signal
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,6 +12,8 @@ import optax
 import pytest
 
 import prfl_jax as prfl
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(name="data")
@@ -127,18 +134,174 @@ def test_checkpoint_resume_continues_the_same_run(data, tmp_path):
       radius=prfl.quantile_radius(0.5))
   kw = dict(key=jax.random.key(0), eval_every=3, verbose=False,
             eval_fn=prfl.data.regression_eval)
-  ckpt = str(tmp_path / "run" / "state.msgpack")
+  ckpt = str(tmp_path / "run")
   first = prfl.train(alg, jnp.zeros((6, 4)), data, num_rounds=6,
                      checkpoint_path=ckpt, **kw)
+  assert prfl.checkpoint.rounds(ckpt) == [3, 6]
   restored = prfl.checkpoint.restore(ckpt, alg.init(jnp.zeros((6, 4))))
   np.testing.assert_array_equal(restored.params, first.state.params)
   np.testing.assert_array_equal(restored.opt_state[0].trace,
                                 first.state.opt_state[0].trace)
   assert int(restored.round) == 6
   resumed = prfl.train(alg, None, data, num_rounds=3, initial_state=restored,
-                       **kw)
+                       checkpoint_path=ckpt, **kw)
   np.testing.assert_array_equal(resumed.history["round"], [7, 8, 9])
   np.testing.assert_array_equal(resumed.history["eval_round"], [6, 9])
-  assert not list((tmp_path / "run").glob(".tmp-*"))
+  assert prfl.checkpoint.rounds(ckpt) == [6, 9]
   with pytest.raises(ValueError, match="does not match"):
     prfl.checkpoint.restore(ckpt, alg.init(jnp.zeros((5, 4))))
+
+
+# Federated-Clustering with mini-batches, 2 random groups and a Gaussian attack:
+# every source of randomness a round has.
+def _resume_setup():
+  data = prfl.data.synthetic_regression(jax.random.key(0), num_clusters=2,
+                                        clients_per_cluster=4, dim=3,
+                                        num_samples=6)[0]
+  alg = prfl.algorithms.federated_clustering(
+      prfl.data.regression_loss, optax.sgd(1e-2, momentum=0.9),
+      radius=prfl.quantile_radius(0.5), num_groups=2,
+      attack=prfl.attacks.gaussian(1.0))
+  byz = np.arange(8) == 7
+  kw = dict(key=jax.random.key(3), batch_size=2, verbose=False,
+            eval_fn=prfl.data.regression_eval)
+  return alg, jnp.zeros((8, 3)), data, byz, kw
+
+
+_KILLED_RUN = """
+import os, signal, sys
+import jax.numpy as jnp
+import prfl_jax as prfl
+from tests.test_train import _resume_setup
+
+def die(line):  # Called after each chunk's checkpoint: the first one kills.
+  print(line, flush=True)
+  os.kill(os.getpid(), signal.SIGKILL)
+
+alg, params, data, byz, kw = _resume_setup()
+prfl.train(alg, params, data, num_rounds=9, eval_every=3, byzantine=byz,
+           checkpoint_path=sys.argv[1], log=die, **{**kw, "verbose": True})
+print("NOT KILLED")
+"""
+
+
+def test_resume_after_kill_equals_uninterrupted_run_bit_for_bit(tmp_path):
+  """A run SIGKILLed after its round-3 checkpoint, restored and resumed for 6
+  rounds (in chunks of 2, not 3), ends exactly where the uninterrupted 9-round
+  run ends.
+
+  Failed before the fix: chunk keys were `split(key, num_chunks)[c]`, and with
+  partitionable threefry `split(k, 2)[0] == split(k, 3)[0]`, so the resumed
+  run replayed the mini-batches, groups and attack noise of rounds 1-3
+  (mutation check: restoring that scheme fails here, and so does
+  `fold_in(key, round_index - first_round)`).
+  """
+  ckpt = tmp_path / "run"
+  env = dict(os.environ, PYTHONPATH=REPO + os.pathsep +
+             os.environ.get("PYTHONPATH", ""), JAX_PLATFORMS="cpu")
+  proc = subprocess.run([sys.executable, "-c", _KILLED_RUN, str(ckpt)],
+                        env=env, cwd=REPO, capture_output=True, text=True,
+                        timeout=240)
+  assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+  assert "[round 3/9]" in proc.stdout and "NOT KILLED" not in proc.stdout
+  assert prfl.checkpoint.rounds(ckpt) == [3]
+
+  alg, params, data, byz, kw = _resume_setup()
+  whole = prfl.train(alg, params, data, num_rounds=9, eval_every=3,
+                     byzantine=byz, **kw)
+  restored = prfl.checkpoint.restore(ckpt, alg.init(params, byzantine=byz))
+  assert int(restored.round) == 3
+  resumed = prfl.train(alg, None, data, num_rounds=6, eval_every=2,
+                       byzantine=byz, initial_state=restored,
+                       checkpoint_path=str(ckpt), **kw)
+  jax.tree.map(np.testing.assert_array_equal, resumed.state, whole.state)
+  np.testing.assert_array_equal(resumed.history["train/loss"],
+                                whole.history["train/loss"][3:])
+  assert not np.array_equal(whole.state.params, params)
+
+
+def test_eval_every_does_not_change_the_results():
+  """`eval_every` 2 and 3 (chunks 2+2+2 vs 3+3) give the same final state.
+
+  Failed before the fix: each chunk's key came from `split(key, num_chunks)`,
+  so the chunking decided every round's randomness.
+  """
+  alg, params, data, byz, kw = _resume_setup()
+  runs = [prfl.train(alg, params, data, num_rounds=6, eval_every=e,
+                     byzantine=byz, **kw) for e in (2, 3)]
+  jax.tree.map(np.testing.assert_array_equal, runs[0].state, runs[1].state)
+  np.testing.assert_array_equal(runs[0].history["train/loss"],
+                                runs[1].history["train/loss"])
+
+
+def test_byzantine_mask_must_repeat_the_resumed_states(data):
+  """Failed before the fix: `byzantine` was silently ignored with
+  `initial_state`. The mask is part of the state, so a resumed run may only
+  repeat it (the natural "same command, plus the restored state")."""
+  alg = prfl.algorithms.local(prfl.data.regression_loss, optax.sgd(1e-2))
+  byz = np.array([False, False, False, True, False, False])
+  state = alg.init(jnp.zeros((6, 4)), byzantine=byz)
+  kw = dict(num_rounds=2, key=jax.random.key(0), verbose=False)
+  with pytest.raises(ValueError, match="`byzantine` differs from"):
+    prfl.train(alg, None, data, initial_state=state, byzantine=~byz, **kw)
+  with pytest.raises(ValueError, match="`byzantine` differs from"):
+    prfl.train(alg, None, data, initial_state=state, byzantine=byz[:5], **kw)
+  out = prfl.train(alg, None, data, initial_state=state, byzantine=byz, **kw)
+  np.testing.assert_array_equal(out.state.byzantine, byz)
+
+
+@pytest.mark.parametrize("eval_fn, message", [
+    (lambda p, t: jnp.sum(p), "got ArrayImpl|got ShapeDtypeStruct"),
+    (lambda p, t: [jnp.sum(p)], "got list"),
+    (lambda p, t: {"err": p}, "entry 'err'"),
+    (lambda p, t: {1: jnp.sum(p)}, "entry 1"),
+])
+def test_eval_fn_must_return_a_dict_of_scalars(data, eval_fn, message):
+  """Failed before the fix: a non-dict result gave a tracer AttributeError
+  from inside the compiled chunk; a vector value broke the summary."""
+  alg = prfl.algorithms.local(prfl.data.regression_loss, optax.sgd(1e-2))
+  with pytest.raises(TypeError, match=message):
+    prfl.train(alg, jnp.zeros((6, 4)), data, num_rounds=2,
+               key=jax.random.key(0), eval_fn=eval_fn, verbose=False)
+
+
+def test_cluster_without_benign_clients_reports_nan(data):
+  """Cluster ids {0, 2, 3} (1 unused) and cluster 3 all Byzantine: both report
+  NaN, the others their benign means. Failed before the fix: empty clusters
+  reported error 0.0, indistinguishable from a perfect cluster."""
+  alg = prfl.algorithms.local(prfl.data.regression_loss, optax.sgd(1e-2))
+  clusters = jnp.array([0, 0, 2, 2, 3, 3])
+  byz = np.array([False, False, False, False, True, True])
+  r = prfl.train(alg, jnp.zeros((6, 4)), data._replace(clusters=clusters),
+                 num_rounds=2, key=jax.random.key(0), byzantine=byz,
+                 eval_fn=prfl.data.regression_eval, verbose=False)
+  per = r.history["eval/error/per_cluster"][-1]
+  assert per.shape == (4,)
+  assert np.isnan(per[1]) and np.isnan(per[3])
+  err = np.linalg.norm(np.asarray(r.state.params) -
+                       np.asarray(data.test["x_star"]), axis=1)
+  np.testing.assert_allclose(per[[0, 2]], [err[:2].mean(), err[2:4].mean()],
+                             rtol=1e-5)
+  with pytest.raises(ValueError, match="non-negative integer cluster ids"):
+    prfl.train(alg, jnp.zeros((6, 4)),
+               data._replace(clusters=jnp.array([0, 0, 1, 1, -1, 1])),
+               num_rounds=2, key=jax.random.key(0), verbose=False)
+
+
+def test_checkpoint_path_is_checked_before_the_first_round(data, tmp_path):
+  """Failed before the fix: an unwritable `checkpoint_path` failed after the
+  first chunk, naming a temp file. Runs as root ignore permission bits, so
+  the path lies under a regular file."""
+  alg = prfl.algorithms.local(prfl.data.regression_loss, optax.sgd(1e-2))
+  blocker = tmp_path / "file"
+  blocker.write_text("x")
+  lines = []
+  kw = dict(num_rounds=2, key=jax.random.key(0), log=lines.append)
+  with pytest.raises(OSError, match=str(blocker / "ckpt")):
+    prfl.train(alg, jnp.zeros((6, 4)), data,
+               checkpoint_path=str(blocker / "ckpt"), **kw)
+  assert not lines  # Not a single round ran.
+  ckpt = str(tmp_path / "ckpt")
+  prfl.train(alg, jnp.zeros((6, 4)), data, checkpoint_path=ckpt, **kw)
+  with pytest.raises(ValueError, match=r"already holds checkpoints of rounds \[1, 2\]"):
+    prfl.train(alg, jnp.zeros((6, 4)), data, checkpoint_path=ckpt, **kw)
