@@ -19,8 +19,8 @@ MODELS = np.array([0.0, 4.0, 100.0])
 def test_two_rounds_match_numpy():
   eta, steps = 0.25, 2
   alg = hypcluster(quadratic, optax.sgd(eta), num_clusters=3,
-                   local_steps=steps)
-  state = alg.init(jnp.zeros(4), init_models=jnp.asarray(MODELS))
+                   local_steps=steps, init_models=jnp.asarray(MODELS))
+  state = alg.init(jnp.zeros(4))
   models = MODELS.copy()
   batch = np.stack([TARGETS, TARGETS + 1.0], axis=1)  # Micro-batch s: c + s.
   for r in range(2):
@@ -43,10 +43,11 @@ def test_two_rounds_match_numpy():
 def test_one_step_equals_ifca_option1():
   init = jnp.asarray(MODELS)
   batch = jnp.asarray(TARGETS)[:, None]
-  h = hypcluster(quadratic, optax.sgd(0.1), num_clusters=3)
-  i = ifca(quadratic, optax.sgd(0.1), num_clusters=3, option=1)
-  hs, is_ = h.init(jnp.zeros(4), init_models=init), i.init(
-      jnp.zeros(4), init_models=init)
+  h = hypcluster(quadratic, optax.sgd(0.1), num_clusters=3,
+                 init_models=init)
+  i = ifca(quadratic, optax.sgd(0.1), num_clusters=3, option=1,
+           init_models=init)
+  hs, is_ = h.init(jnp.zeros(4)), i.init(jnp.zeros(4))
   for r in range(3):
     hs, _ = h.step(hs, batch, jax.random.PRNGKey(r))
     is_, _ = i.step(is_, batch, jax.random.PRNGKey(r))
@@ -55,8 +56,9 @@ def test_one_step_equals_ifca_option1():
 
 def test_jit_linear_regression():
   loss, batch, params = linreg_federation(jax.random.PRNGKey(0))
-  alg = hypcluster(loss, optax.adam(0.05), num_clusters=2, local_steps=2)
-  state = alg.init(params, key=jax.random.PRNGKey(1))
+  alg = hypcluster(loss, optax.adam(0.05), num_clusters=2, local_steps=2,
+                   key=jax.random.PRNGKey(1))
+  state = alg.init(params)
   step = jax.jit(alg.step)
   for r in range(3):
     state, metrics = step(state, batch, jax.random.PRNGKey(r))
@@ -71,16 +73,30 @@ def test_jit_linear_regression():
     ({"init_scale": float("nan")}, "init_scale"),
 ])
 def test_bad_arguments(kwargs, match):
-  args = {"num_clusters": 2}
+  args = {"num_clusters": 2, "key": jax.random.key(0)}
   args.update(kwargs)
   with pytest.raises(ValueError, match=match):
     hypcluster(quadratic, optax.sgd(0.1), **args)
   with pytest.raises(TypeError, match="optimizer"):
-    hypcluster(quadratic, None, num_clusters=2)
+    hypcluster(quadratic, None, num_clusters=2, key=jax.random.key(0))
+  with pytest.raises(ValueError, match="init_models"):
+    hypcluster(quadratic, optax.sgd(0.1), num_clusters=2)
 
 
 def test_batch_not_divisible_by_local_steps():
-  alg = hypcluster(quadratic, optax.sgd(0.1), num_clusters=2, local_steps=2)
-  state = alg.init(jnp.zeros(4), init_models=jnp.zeros(2))
+  alg = hypcluster(quadratic, optax.sgd(0.1), num_clusters=2, local_steps=2,
+                   init_models=jnp.zeros(2))
+  state = alg.init(jnp.zeros(4))
   with pytest.raises(ValueError, match="local_steps"):
     alg.step(state, jnp.zeros((4, 3)), jax.random.PRNGKey(0))
+
+
+def test_nan_client_0_does_not_poison_the_random_init():
+  """Failed before: the random init copied client 0's params (NaN here)
+  into every hypothesis."""
+  loss, batch, params = linreg_federation(jax.random.PRNGKey(0))
+  params = params.at[0].set(jnp.nan)
+  alg = hypcluster(loss, optax.sgd(0.05), num_clusters=2,
+                   key=jax.random.key(1))
+  state, _ = jax.jit(alg.step)(alg.init(params), batch, jax.random.key(2))
+  assert np.all(np.isfinite(np.asarray(state.models)))

@@ -23,8 +23,9 @@ def assignment(models):
 
 def test_option1_two_rounds_match_numpy():
   gamma = 0.1
-  alg = ifca(quadratic, optax.sgd(gamma), num_clusters=3, option=1)
-  state = alg.init(jnp.zeros(4), init_models=jnp.asarray(MODELS))
+  alg = ifca(quadratic, optax.sgd(gamma), num_clusters=3, option=1,
+             init_models=jnp.asarray(MODELS))
+  state = alg.init(jnp.zeros(4))
   models = MODELS.copy()
   batch = jnp.asarray(TARGETS)[:, None]
   for r in range(2):
@@ -44,8 +45,8 @@ def test_option1_two_rounds_match_numpy():
 def test_option2_two_rounds_match_numpy():
   eta, steps = 0.25, 2
   alg = ifca(quadratic, optax.sgd(eta), num_clusters=3, option=2,
-             local_steps=steps)
-  state = alg.init(jnp.zeros(4), init_models=jnp.asarray(MODELS))
+             local_steps=steps, init_models=jnp.asarray(MODELS))
+  state = alg.init(jnp.zeros(4))
   models = MODELS.copy()
   # Two micro-batches per client: targets c and c + 1.
   batch = jnp.asarray(np.stack([TARGETS, TARGETS + 1.0], axis=1))
@@ -65,16 +66,46 @@ def test_option2_two_rounds_match_numpy():
 
 
 def test_random_init_and_init_errors():
-  alg = ifca(quadratic, optax.sgd(0.1), num_clusters=2, init_scale=1.0)
-  state = alg.init(jnp.full(4, 3.0), key=jax.random.PRNGKey(0))
+  alg = ifca(quadratic, optax.sgd(0.1), num_clusters=2, init_scale=1.0,
+             key=jax.random.PRNGKey(0))
+  state = alg.init(jnp.full(4, 3.0))
   assert state.models.shape == (2,)
   assert not np.allclose(state.models[0], state.models[1])
+  np.testing.assert_array_equal(  # Same key, same models.
+      ifca(quadratic, optax.sgd(0.1), num_clusters=2, init_scale=1.0,
+           key=jax.random.PRNGKey(0)).init(jnp.full(4, 3.0)).models,
+      state.models)
+  make = lambda **kw: ifca(quadratic, optax.sgd(0.1), num_clusters=2, **kw)
   with pytest.raises(ValueError, match="init_models"):
-    alg.init(jnp.zeros(4))
+    make()
   with pytest.raises(ValueError, match="init_models"):
-    alg.init(jnp.zeros(4), init_models=jnp.zeros(3))
+    make(key=jax.random.key(0), init_models=jnp.zeros(2))
   with pytest.raises(ValueError, match="init_models"):
-    alg.init(jnp.zeros((4, 2)), init_models=jnp.zeros((2, 3)))
+    make(init_models=jnp.zeros(3))
+  with pytest.raises(ValueError, match="init_models"):
+    make(init_models=jnp.array([0.0, jnp.nan]))
+  with pytest.raises(ValueError, match="init_models"):
+    make(init_models=jnp.zeros((2, 3))).init(jnp.zeros((4, 2)))
+  with pytest.raises(TypeError, match="key"):
+    make(key=0)
+  with pytest.raises(ValueError, match="key"):
+    make(key=jax.random.split(jax.random.key(0), 2))
+
+
+@pytest.mark.parametrize("option", [1, 2])
+def test_nan_client_0_does_not_poison_the_random_init(option):
+  """Failed before: the random init copied client 0's params, so one NaN
+  there made all K models (and every client's model) NaN for ever."""
+  loss, batch, params = linreg_federation(jax.random.PRNGKey(0))
+  params = params.at[0, 1].set(jnp.nan).at[1].set(jnp.inf).at[2].add(1.0)
+  alg = ifca(loss, optax.sgd(0.05), num_clusters=2, option=option,
+             local_steps=2 if option == 2 else 1, init_scale=0.0,
+             key=jax.random.key(1))
+  state = alg.init(params)
+  # Client 2 is the first finite one; init_scale=0 gives exact copies.
+  np.testing.assert_array_equal(state.models, np.ones((2, 4)))
+  state, _ = jax.jit(alg.step)(state, batch, jax.random.key(2))
+  assert np.all(np.isfinite(np.asarray(state.models)))
 
 
 @pytest.mark.parametrize("option", [1, 2])
@@ -82,8 +113,9 @@ def test_jit_linear_regression(option):
   loss, batch, params = linreg_federation(jax.random.PRNGKey(0))
   byz = jnp.array([False] * 5 + [True])
   alg = ifca(loss, optax.sgd(0.05), num_clusters=2, option=option,
-             local_steps=2 if option == 2 else 1, attack=attacks.bit_flip())
-  state = alg.init(params, byzantine=byz, key=jax.random.PRNGKey(1))
+             local_steps=2 if option == 2 else 1, attack=attacks.bit_flip(),
+             key=jax.random.PRNGKey(1))
+  state = alg.init(params, byzantine=byz)
   step = jax.jit(alg.step)
   for r in range(3):
     state, metrics = step(state, batch, jax.random.PRNGKey(r))
@@ -100,7 +132,7 @@ def test_jit_linear_regression(option):
     ({"init_scale": -1.0}, "init_scale"),
 ])
 def test_bad_arguments(kwargs, match):
-  args = {"num_clusters": 2}
+  args = {"num_clusters": 2, "key": jax.random.key(0)}
   args.update(kwargs)
   with pytest.raises(ValueError, match=match):
     ifca(quadratic, optax.sgd(0.1), **args)
@@ -108,6 +140,6 @@ def test_bad_arguments(kwargs, match):
 
 def test_bad_types():
   with pytest.raises(TypeError, match="optimizer"):
-    ifca(quadratic, "sgd", num_clusters=2)
+    ifca(quadratic, "sgd", num_clusters=2, key=jax.random.key(0))
   with pytest.raises(TypeError, match="loss_fn"):
-    ifca(3, optax.sgd(0.1), num_clusters=2)
+    ifca(3, optax.sgd(0.1), num_clusters=2, key=jax.random.key(0))

@@ -34,6 +34,7 @@ from prfl_jax import tree as tree_lib
 from prfl_jax.algorithms import base
 from prfl_jax.algorithms import cluster_models
 from prfl_jax.algorithms.ifca import check_init_scale
+from prfl_jax.algorithms.ifca import check_init_source
 from prfl_jax.algorithms.ifca import init_cluster_models
 
 PyTree = Any
@@ -113,8 +114,9 @@ def maximization_step(loss_fn, optimizer: optax.GradientTransformation,
 
 
 def hypcluster(loss_fn, optimizer: optax.GradientTransformation, *,
-               num_clusters: int, local_steps: int = 1,
-               init_scale: float = 0.1, attack=None) -> base.Algorithm:
+               num_clusters: int, key=None, init_models=None,
+               local_steps: int = 1, init_scale: float = 0.1,
+               attack=None) -> base.Algorithm:
   """HypCluster: alternate loss-based assignment and per-cluster training.
 
   Args:
@@ -122,6 +124,10 @@ def hypcluster(loss_fn, optimizer: optax.GradientTransformation, *,
     optimizer: server optimizer applied to every hypothesis with the mean
       gradient of its members.
     num_clusters: number of hypotheses K.
+    key: PRNG key of the random initial hypotheses (see
+      `ifca.init_cluster_models`: around the first finite client's params);
+      give exactly one of `key` and `init_models`.
+    init_models: the K initial hypotheses, leaves `[K, ...]`.
     local_steps: centralised steps per round (the batch is split into this
       many micro-batches).
     init_scale: noise scale of the random init (see
@@ -129,14 +135,15 @@ def hypcluster(loss_fn, optimizer: optax.GradientTransformation, *,
     attack: what Byzantine clients send instead of their gradients, or None.
 
   Returns:
-    `Algorithm(init, step)`; `init(params, *, byzantine=None,
-    init_models=None, key=None)` takes params with leaves `[N, ...]` and
-    exactly one of `init_models` (leaves `[K, ...]`) or `key`.
+    `Algorithm(init, step)`; `init(params, *, byzantine=None)` takes params
+    with leaves `[N, ...]`.
 
   Raises:
-    TypeError: if `loss_fn` is not callable or `optimizer` not an optax
-      transformation.
-    ValueError: on a bad `num_clusters`, `local_steps` or `init_scale`.
+    TypeError: if `loss_fn` is not callable, `optimizer` not an optax
+      transformation or `key` not a PRNG key.
+    ValueError: on a bad `num_clusters`, `local_steps` or `init_scale`, or
+      unless exactly one of `key` and `init_models` (with K finite models)
+      is given.
 
   References:
     Mansour, Mohri, Ro and Suresh, 2020, "Three Approaches for
@@ -148,9 +155,9 @@ def hypcluster(loss_fn, optimizer: optax.GradientTransformation, *,
   base.check_positive_int(num_clusters, "num_clusters")
   base.check_positive_int(local_steps, "local_steps")
   check_init_scale(init_scale)
+  check_init_source(num_clusters, init_models, key)
 
-  def init(params, *, byzantine=None, init_models=None,
-           key=None) -> HypClusterState:
+  def init(params, *, byzantine=None) -> HypClusterState:
     n = base.init_params(params)
     models = init_cluster_models(
         params, num_clusters, init_models=init_models, key=key,

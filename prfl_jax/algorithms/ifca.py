@@ -21,24 +21,58 @@ gradients (Option I) or model changes (Option II); Byzantine clients replace
 them with `attack`. The paper's failure-mode Example 2 (Werner et al., 2023,
 Section 2) shows both options staying at a wrong clustering for ever.
 
-Initialisation (`init`): the K models are `init_models` (leaves `[K, ...]`)
-when given, else client 0's initial params plus `init_scale` times standard
-Gaussian noise drawn from `key` (one draw per cluster).
+Initialisation: the factory takes exactly one of `init_models` (leaves
+`[K, ...]`, the K models) and `key`; with a key, `init` draws the K models as
+the initial params of the first client whose params are finite (client 0
+unless it is broken, e.g. NaN: one such client must not make all K models
+NaN) plus `init_scale` times standard Gaussian noise (one draw per cluster).
+So `init(params, *, byzantine=None)` has the signature of every algorithm and
+`prfl.train` and `prfl.sweep` run IFCA like any other method.
 """
 
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from prfl_jax import gradients
 from prfl_jax import tree as tree_lib
+from prfl_jax import validation
 from prfl_jax.algorithms import base
 from prfl_jax.algorithms import cluster_models
 from prfl_jax.algorithms.fedavg import local_updates
 
 PyTree = Any
+
+
+def check_init_source(num_clusters: int, init_models, key):
+  """Checks the factory's `init_models` / `key` pair.
+
+  Raises:
+    ValueError: unless exactly one is given, if `init_models` does not hold
+      `num_clusters` models or (when concrete) has a non-finite entry, or if
+      `key` holds more than one key.
+    TypeError: if `key` is not a PRNG key.
+  """
+  if (init_models is None) == (key is None):
+    raise ValueError(
+        "give the factory exactly one of `init_models` (the K initial "
+        "models, leaves [K, ...]) and `key` (random models around a client's "
+        "initial params), e.g. ifca(loss_fn, opt, num_clusters=K, "
+        "key=jax.random.key(0)).")
+  if key is not None:
+    validation.check_key(key)
+    return
+  k = tree_lib.num_leading(init_models, "init_models")
+  if k != num_clusters:
+    raise ValueError(
+        f"`init_models` has {k} models but `num_clusters`={num_clusters}.")
+  for leaf in jax.tree.leaves(init_models):
+    if not isinstance(leaf, jax.core.Tracer) and not np.all(
+        np.isfinite(np.asarray(leaf))):
+      raise ValueError("`init_models` has non-finite entries.")
 
 
 def init_cluster_models(params: PyTree, num_clusters: int, *, init_models=None,
@@ -49,31 +83,26 @@ def init_cluster_models(params: PyTree, num_clusters: int, *, init_models=None,
     params: stacked client params, leaves `[N, ...]`.
     num_clusters: K.
     init_models: optional given models, leaves `[K, ...]`.
-    key: PRNG key for the random init (used when `init_models` is None).
-    init_scale: standard deviation of the Gaussian perturbation of client 0's
-      params.
+    key: PRNG key for the random init (used when `init_models` is None):
+      the params of the first client whose params are all finite
+      (`tree.usable`; client 0 if none is) plus `init_scale` times standard
+      Gaussian noise, one draw per cluster.
+    init_scale: standard deviation of that noise.
 
   Raises:
     ValueError: if neither or both of `init_models` and `key` are given, or
       `init_models` does not match `params` or K.
   """
-  if (init_models is None) == (key is None):
-    raise ValueError(
-        "give exactly one of `init_models` (leaves [K, ...]) and `key` (random "
-        "init around client 0's params); with `prfl.train`, bind it with "
-        "`alg._replace(init=functools.partial(alg.init, key=key))`.")
+  check_init_source(num_clusters, init_models, key)
   if init_models is not None:
-    k = tree_lib.num_leading(init_models, "init_models")
-    if k != num_clusters:
-      raise ValueError(
-          f"`init_models` has {k} models but `num_clusters`={num_clusters}.")
     tree_lib.check_same_structure(params, init_models, "params",
                                   "init_models")
     return jax.tree.map(jnp.asarray, init_models)
+  first = jnp.argmax(tree_lib.usable(params))  # 0 when no client is finite.
   leaves, treedef = jax.tree.flatten(params)
   keys = jax.random.split(key, len(leaves))
   models = [
-      leaf[0][None] + init_scale * jax.random.normal(
+      leaf[first][None] + init_scale * jax.random.normal(
           k, (num_clusters,) + leaf.shape[1:], jnp.result_type(leaf))
       for k, leaf in zip(keys, leaves)]
   return jax.tree.unflatten(treedef, models)
@@ -94,8 +123,9 @@ class IfcaState(NamedTuple):
 
 
 def ifca(loss_fn, optimizer: optax.GradientTransformation, *,
-         num_clusters: int, option: int = 1, local_steps: int = 1,
-         init_scale: float = 0.1, attack=None) -> base.Algorithm:
+         num_clusters: int, key=None, init_models=None, option: int = 1,
+         local_steps: int = 1, init_scale: float = 0.1,
+         attack=None) -> base.Algorithm:
   """IFCA with gradient averaging (Option I) or model averaging (Option II).
 
   Args:
@@ -104,6 +134,10 @@ def ifca(loss_fn, optimizer: optax.GradientTransformation, *,
       with its members' mean gradient. Option II: the clients' local
       optimizer (state re-initialised every round).
     num_clusters: number of cluster models K.
+    key: PRNG key of the random initial models (see `init_cluster_models`);
+      give exactly one of `key` and `init_models`.
+    init_models: the K initial models, leaves `[K, ...]` (same structure as
+      one client's params).
     option: 1 (gradient averaging) or 2 (model averaging).
     local_steps: Option II's local steps per round (must be 1 for Option I).
     init_scale: noise scale of the random init (see `init_cluster_models`).
@@ -111,15 +145,15 @@ def ifca(loss_fn, optimizer: optax.GradientTransformation, *,
       change, or None.
 
   Returns:
-    `Algorithm(init, step)`; `init(params, *, byzantine=None,
-    init_models=None, key=None)` takes params with leaves `[N, ...]` and
-    exactly one of `init_models` (leaves `[K, ...]`) or `key`.
+    `Algorithm(init, step)`; `init(params, *, byzantine=None)` takes params
+    with leaves `[N, ...]`.
 
   Raises:
-    TypeError: if `loss_fn` is not callable or `optimizer` not an optax
-      transformation.
+    TypeError: if `loss_fn` is not callable, `optimizer` not an optax
+      transformation or `key` not a PRNG key.
     ValueError: on a bad `num_clusters`, `option`, `local_steps` or
-      `init_scale`.
+      `init_scale`, or unless exactly one of `key` and `init_models` (with K
+      finite models) is given.
 
   References:
     Ghosh, Chung, Yin and Ramchandran, 2020, "An Efficient Framework for
@@ -138,8 +172,9 @@ def ifca(loss_fn, optimizer: optax.GradientTransformation, *,
         f"`local_steps`={local_steps} needs option=2 (model averaging); "
         "Option I takes one gradient step per round.")
   check_init_scale(init_scale)
+  check_init_source(num_clusters, init_models, key)
 
-  def init(params, *, byzantine=None, init_models=None, key=None) -> IfcaState:
+  def init(params, *, byzantine=None) -> IfcaState:
     n = base.init_params(params)
     models = init_cluster_models(params, num_clusters,
                                  init_models=init_models, key=key,
