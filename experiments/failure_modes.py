@@ -20,12 +20,14 @@ Every client's data is its own index (Examples 1 and 2) or its random target
 (Example 3), so `loss_fn(params, batch)` is an ordinary one-client loss.
 
 Usage: python -m experiments.failure_modes [--out results/failure_modes]
+       python -m experiments.failure_modes --smoke      # seconds
+
+Writes `config.json` (first), `failure_modes.json` and `example{1,2,3}.png`.
 """
 
 import argparse
 import dataclasses
 import os
-import sys
 
 import jax
 from jax import lax
@@ -33,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from experiments import cli
 from experiments import common
 from prfl_jax.algorithms.cfl import cfl
 from prfl_jax.algorithms.federated_clustering import federated_clustering
@@ -60,6 +63,20 @@ class Config:
   cfl_warmup: int = 20
   fc_radius_ex3: float = 0.25
   plots: bool = True
+  seed: int = 0  # Example 3's runs draw from PRNGKey(seed + 1).
+
+
+# The command-line type of every option (`experiments/cli.py`).
+_POSITIVE = cli.real(0, low_open=True)
+OPTION_TYPES = {
+    "rounds": cli.positive_int, "eta_myopic": _POSITIVE, "eta_fc": _POSITIVE,
+    "myopic_radius": cli.real(0), "eta_ifca": _POSITIVE,
+    "local_steps": cli.positive_int, "fc_radius_ex2": cli.real(0),
+    "seeds": cli.positive_int, "rounds_cfl": cli.positive_int,
+    "eta_cfl": _POSITIVE, "cfl_eps1": _POSITIVE, "cfl_eps2": _POSITIVE,
+    "cfl_warmup": cli.integer(minimum=0), "fc_radius_ex3": cli.real(0),
+}
+SMOKE = {"rounds": "20", "seeds": "8", "rounds_cfl": "30"}
 
 
 def example1_loss(eta: float):
@@ -164,16 +181,17 @@ def example2(cfg: Config) -> dict:
   key = jax.random.PRNGKey(0)
   algs = {
       "ifca_option1": ifca(example2_loss, optax.sgd(cfg.eta_ifca),
-                                num_clusters=2, option=1),
+                           num_clusters=2, option=1, init_models=init_models),
       "ifca_option2": ifca(example2_loss, optax.sgd(cfg.eta_ifca),
-                                num_clusters=2, option=2, local_steps=steps),
+                           num_clusters=2, option=2, local_steps=steps,
+                           init_models=init_models),
       "hypcluster": hypcluster(
           example2_loss, optax.sgd(cfg.eta_ifca), num_clusters=2,
-          local_steps=steps),
+          local_steps=steps, init_models=init_models),
   }
   out = {}
   for name, alg in algs.items():
-    state = alg.init(x0, init_models=init_models)
+    state = alg.init(x0)
     state, traj, _, assignments = jax.jit(
         lambda s, k, alg=alg: run(alg, s, index_batch, cfg.rounds, k))(
             state, key)
@@ -215,7 +233,7 @@ def example3(cfg: Config) -> dict:
     split_round = jnp.argmax(metrics["split"] > 0) + 1
     return state.clusters, split_round, traj, fc_traj
 
-  keys = jax.random.split(jax.random.PRNGKey(1), cfg.seeds)
+  keys = jax.random.split(jax.random.PRNGKey(cfg.seed + 1), cfg.seeds)
   clusters, split_round, traj, fc_traj = jax.device_get(
       jax.jit(jax.vmap(one_seed))(keys))
   separated = clusters[:, 1] != clusters[:, 2]
@@ -347,21 +365,43 @@ def summary(results: dict) -> str:
   return "\n".join(lines)
 
 
-def parse(argv) -> Config:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def validate(cfg: Config):
+  """Rules that tie options together (each option is checked by its type)."""
+  if cfg.cfl_warmup >= cfg.rounds_cfl:
+    raise ValueError(
+        f"`--cfl-warmup` ({cfg.cfl_warmup}) must be < `--rounds-cfl` "
+        f"({cfg.rounds_cfl}): Clustered FL never splits during warm-up.")
+
+
+def build_parser() -> argparse.ArgumentParser:
+  """One option per `Config` field, each with its type from OPTION_TYPES."""
+  p = cli.parser(__doc__, out=Config.out, smoke=SMOKE)
   for field in dataclasses.fields(Config):
+    if field.name in ("out", "seed"):  # cli.parser has them.
+      continue
     flag = "--" + field.name.replace("_", "-")
-    if field.type is bool or field.type == "bool":
-      parser.add_argument(flag, action=argparse.BooleanOptionalAction,
-                          default=field.default)
+    if field.name == "plots":
+      p.add_argument(flag, action=argparse.BooleanOptionalAction,
+                     default=field.default)
     else:
-      parser.add_argument(flag, type=type(field.default),
-                          default=field.default)
-  return Config(**vars(parser.parse_args(argv)))
+      p.add_argument(flag, type=OPTION_TYPES[field.name],
+                     default=field.default)
+  return p
+
+
+def parse(argv) -> tuple:
+  """`(Config, argparse.Namespace)`; exits with a usage error on bad input."""
+  names = {f.name for f in dataclasses.fields(Config)}
+  to_config = lambda a: Config(**{k: v for k, v in vars(a).items()
+                                  if k in names})
+  args = cli.parse(build_parser(), argv,
+                   check=lambda a: validate(to_config(a)))
+  return to_config(args), args
 
 
 def main(argv=None) -> dict:
-  cfg = parse(sys.argv[1:] if argv is None else argv)
+  cfg, args = parse(argv)
+  cli.write_config(cfg.out, cfg, extra={"smoke": args.smoke})
   results = {"config": dataclasses.asdict(cfg), "example1": example1(cfg),
              "example2": example2(cfg), "example3": example3(cfg)}
   common.write_json(os.path.join(cfg.out, "failure_modes.json"), results)

@@ -7,14 +7,15 @@ along a run with perfect clustering assignments (the ground-truth oracle).
 
   python -m experiments.synthetic                 # defaults, a few minutes
   python -m experiments.synthetic --settings 4x4 --rounds 500 --out /tmp/s
+  python -m experiments.synthetic --smoke         # seconds
 
-Writes `results.json`, `summary.csv`, `figure3.png` and `figure2.png` to
-`--out` and prints a summary table.
+Writes `config.json` (first, with versions and backend), `results.json`,
+`summary.csv`, `figure3.png` and `figure2.png` to `--out` and prints a
+summary table.
 """
 
 import argparse
 import dataclasses
-import functools
 import itertools
 import sys
 import time
@@ -27,6 +28,7 @@ import numpy as np
 import optax
 
 import prfl_jax as prfl
+from experiments import cli
 from experiments import common
 
 LOSS = prfl.data.regression_loss
@@ -96,18 +98,19 @@ def methods(data, cfg: Config, num_clusters: int) -> dict:
           prfl.algorithms.myopic_clustering(
               LOSS, opt(lr), num_clusters=num_clusters,
               radius=prfl.quantile_radius(q), num_iters=cfg.num_iters)), True),
-      "ifca": Method("IFCA (Option I)", lambda lr, q: _with_init_key(
-          prfl.algorithms.ifca(LOSS, opt(lr), num_clusters=num_clusters,
-                               option=1), cfg.seed)),
+      "ifca": Method("IFCA (Option I)", lambda lr, q: prfl.algorithms.ifca(
+          LOSS, opt(lr), num_clusters=num_clusters, option=1,
+          key=init_key(cfg.seed))),
       "ifca2": Method(f"IFCA (Option II, {cfg.local_steps} local steps)",
-                      lambda lr, q: _with_init_key(prfl.algorithms.ifca(
+                      lambda lr, q: prfl.algorithms.ifca(
                           LOSS, opt(lr), num_clusters=num_clusters, option=2,
-                          local_steps=cfg.local_steps), cfg.seed)),
+                          local_steps=cfg.local_steps,
+                          key=init_key(cfg.seed))),
       "hypcluster": Method(
           f"HypCluster ({cfg.local_steps} steps)",
-          lambda lr, q: _with_init_key(prfl.algorithms.hypcluster(
+          lambda lr, q: prfl.algorithms.hypcluster(
               LOSS, opt(lr), num_clusters=num_clusters,
-              local_steps=cfg.local_steps), cfg.seed)),
+              local_steps=cfg.local_steps, key=init_key(cfg.seed))),
       "cfl": Method("Clustered FL", lambda lr, q: prfl.algorithms.cfl(
           LOSS, opt(lr), eps1=cfg.cfl_eps[0], eps2=cfg.cfl_eps[1],
           max_clusters=2 * num_clusters, local_steps=cfg.local_steps)),
@@ -117,43 +120,39 @@ def methods(data, cfg: Config, num_clusters: int) -> dict:
   return table
 
 
-def _with_init_key(alg, seed):
-  """IFCA/HypCluster draw K initial models from a key given to `init`."""
-  return alg._replace(init=functools.partial(
-      alg.init, key=jax.random.fold_in(jax.random.key(seed), 7)))
-
-
-def parse_settings(text: str) -> tuple:
-  out = []
-  for part in text.split(","):
-    try:
-      k, n = (int(v) for v in part.lower().split("x"))
-    except ValueError:
-      raise ValueError(f"`--settings` must look like '4x4,4x16', got "
-                       f"{text!r}.") from None
-    if k < 1 or n < 1:
-      raise ValueError(f"`--settings` sizes must be positive, got {part!r}.")
-    out.append((k, n))
-  return tuple(out)
+def init_key(seed: int) -> jax.Array:
+  """Key of IFCA's / HypCluster's random initial cluster models."""
+  return jax.random.fold_in(jax.random.key(seed), 7)
 
 
 def validate(cfg: Config):
-  """Raises ValueError on a bad configuration, before anything runs."""
+  """Raises ValueError on a bad configuration, before anything runs.
+
+  The command line checks each option alone (`experiments/cli.py`); this
+  checks a `Config` built in code, and the rules that tie options together.
+  """
   unknown = set(cfg.algorithms) - set(methods(None, cfg, 1))
-  if unknown:
-    raise ValueError(f"`algorithms` has unknown names {sorted(unknown)}; "
-                     f"known: {sorted(methods(None, cfg, 1))}.")
+  if not cfg.algorithms or unknown:
+    raise ValueError(f"`algorithms` must name at least one of "
+                     f"{sorted(methods(None, cfg, 1))}; got {cfg.algorithms}.")
+  if not cfg.settings or any(k < 1 or n < 1 for k, n in cfg.settings):
+    raise ValueError(f"`settings` must be (K, n_i) pairs >= 1, got "
+                     f"{cfg.settings}.")
   if cfg.num_rounds < 1 or cfg.eval_every < 1:
     raise ValueError("`num_rounds` and `eval_every` must be >= 1.")
-  if cfg.lrs is not None and (not cfg.lrs or any(lr <= 0 for lr in cfg.lrs)):
-    raise ValueError(f"`lrs` must be positive, got {cfg.lrs}.")
-  if not cfg.lr_fractions or any(f <= 0 for f in cfg.lr_fractions):
+  finite = lambda xs: all(np.isfinite(x) for x in xs)
+  if cfg.lrs is not None and (not cfg.lrs or not finite(cfg.lrs) or
+                              any(lr <= 0 for lr in cfg.lrs)):
+    raise ValueError(f"`lrs` must be finite and positive, got {cfg.lrs}.")
+  if (not cfg.lr_fractions or not finite(cfg.lr_fractions) or
+      any(f <= 0 for f in cfg.lr_fractions)):
     raise ValueError(
-        f"`lr_fractions` must be positive, got {cfg.lr_fractions}.")
-  if not cfg.quantiles or any(not 0 <= q <= 1 for q in cfg.quantiles):
-    raise ValueError(f"`quantiles` must lie in [0, 1], got {cfg.quantiles}.")
+        f"`lr_fractions` must be finite and positive, got {cfg.lr_fractions}.")
+  if not cfg.quantiles or any(not 0 < q <= 1 for q in cfg.quantiles):
+    raise ValueError(f"`quantiles` must lie in (0, 1], got {cfg.quantiles}.")
   if cfg.batch_size is not None and not 1 <= cfg.batch_size <= cfg.num_samples:
-    raise ValueError(f"`batch_size` must be in [1, {cfg.num_samples}].")
+    raise ValueError(f"`--batch-size` must be in [1, {cfg.num_samples}] (the "
+                     f"samples per client), got {cfg.batch_size}.")
   if not 0 <= cfg.momentum < 1:
     raise ValueError(f"`momentum` must be in [0, 1), got {cfg.momentum}.")
 
@@ -330,35 +329,62 @@ def plot_figure2(consts: dict, clusters: np.ndarray, path: str):
   plt.close(fig)
 
 
-def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--settings", default="4x4,4x16,16x4",
+def _setting(text: str) -> tuple:
+  """Option item type: `KxN` -> (K, N), both >= 1."""
+  try:
+    k, n = (int(v) for v in text.lower().split("x"))
+  except ValueError:
+    raise argparse.ArgumentTypeError(
+        f"must look like 4x16 (K clusters x n_i clients), got {text!r}"
+    ) from None
+  if k < 1 or n < 1:
+    raise argparse.ArgumentTypeError(f"sizes must be >= 1, got {text!r}")
+  return k, n
+
+
+def build_parser() -> argparse.ArgumentParser:
+  """The command line; every option is checked before anything runs."""
+  p = cli.parser(__doc__, out=Config.out, smoke={
+      "settings": "2x3", "rounds": "20", "eval_every": "10", "lrs": "0.001",
+      "quantiles": "0.3", "algorithms": "fc,oracle,local,global,ifca"})
+  p.add_argument("--settings", type=cli.list_of(_setting),
+                 default="4x4,4x16,16x4",
                  help="comma-separated KxN_I settings")
-  p.add_argument("--algorithms", default=",".join(Config.algorithms))
-  p.add_argument("--rounds", type=int, default=Config.num_rounds)
-  p.add_argument("--eval-every", type=int, default=Config.eval_every)
-  p.add_argument("--lrs", default=None,
+  p.add_argument("--algorithms", type=cli.choices(Config.algorithms),
+                 default=",".join(Config.algorithms))
+  p.add_argument("--rounds", type=cli.positive_int, default=Config.num_rounds)
+  p.add_argument("--eval-every", type=cli.positive_int,
+                 default=Config.eval_every)
+  p.add_argument("--lrs", type=cli.list_of(cli.real(0, low_open=True)),
+                 default=None,
                  help="absolute learning rates (default: fractions "
                  f"{Config.lr_fractions} of each setting's stability limit)")
-  p.add_argument("--quantiles", default=",".join(map(str, Config.quantiles)))
-  p.add_argument("--momentum", type=float, default=Config.momentum)
-  p.add_argument("--batch-size", type=int, default=None)
-  p.add_argument("--seed", type=int, default=Config.seed)
-  p.add_argument("--out", default=Config.out)
+  p.add_argument("--lr-fractions",
+                 type=cli.list_of(cli.real(0, 2, low_open=True)),
+                 default=",".join(map(str, Config.lr_fractions)))
+  p.add_argument("--quantiles",
+                 type=cli.list_of(cli.real(0, 1, low_open=True)),
+                 default=",".join(map(str, Config.quantiles)))
+  p.add_argument("--momentum", type=cli.real(0, 1, high_open=True),
+                 default=Config.momentum)
+  p.add_argument("--batch-size", type=cli.positive_int, default=None)
   p.add_argument("--no-plots", action="store_true")
-  args = p.parse_args(argv)
-  try:
-    cfg = Config(settings=parse_settings(args.settings),
-                 algorithms=tuple(a for a in args.algorithms.split(",") if a),
-                 num_rounds=args.rounds, eval_every=args.eval_every,
-                 lrs=(tuple(float(v) for v in args.lrs.split(","))
-                      if args.lrs else None),
-                 quantiles=tuple(float(v) for v in args.quantiles.split(",")),
-                 momentum=args.momentum, batch_size=args.batch_size,
-                 seed=args.seed, out=args.out)
-    validate(cfg)
-  except ValueError as e:
-    p.error(str(e))
+  return p
+
+
+def config_from(args: argparse.Namespace) -> Config:
+  return Config(settings=args.settings, algorithms=args.algorithms,
+                num_rounds=args.rounds, eval_every=args.eval_every,
+                lrs=args.lrs, lr_fractions=args.lr_fractions,
+                quantiles=args.quantiles, momentum=args.momentum,
+                batch_size=args.batch_size, seed=args.seed, out=args.out)
+
+
+def main(argv=None):
+  args = cli.parse(build_parser(), argv,
+                   check=lambda a: validate(config_from(a)))
+  cfg = config_from(args)
+  cli.write_config(cfg.out, cfg, extra={"smoke": args.smoke})
 
   log = lambda s: print(s, flush=True)
   log(f"Synthetic federation: settings {cfg.settings}, {cfg.num_rounds} rounds,"

@@ -25,6 +25,43 @@ def test_writes_json_and_plots(results):
   assert set(saved) >= {"config", "example1", "example2", "example3"}
   for i in (1, 2, 3):
     assert os.path.getsize(os.path.join(out, f"example{i}.png")) > 0
+  with open(os.path.join(out, "config.json")) as f:
+    config = json.load(f)
+  assert config["config"]["rounds"] == 200 and config["seed"] == 0
+  assert {"jax", "jaxlib", "flax", "optax", "numpy", "python"} <= set(
+      config["versions"])
+  assert config["platform"]["backend"]
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["--rounds", "-5"], "--rounds"),  # Was an MLIRError after compiling.
+    (["--rounds", "0"], "--rounds"),  # Was an IndexError after running.
+    (["--seeds", "0"], "--seeds"),  # Was a ValueError after examples 1-2.
+    (["--eta-fc", "nan"], "--eta-fc"),
+    (["--eta-cfl", "0"], "--eta-cfl"),
+    (["--cfl-warmup", "-1"], "--cfl-warmup"),
+    (["--cfl-warmup", "100"], "--cfl-warmup"),  # >= --rounds-cfl (100).
+    (["--myopic-radius", "-0.1"], "--myopic-radius"),
+    (["--local-steps", "1.5"], "--local-steps"),
+])
+def test_bad_options_are_rejected_before_running(argv, option, tmp_path,
+                                                 capsys, monkeypatch):
+  """Failed before experiments/cli.py: no option was checked."""
+  def must_not_run(cfg):
+    raise AssertionError("ran before the options were checked")
+  monkeypatch.setattr(failure_modes, "example1", must_not_run)
+  with pytest.raises(SystemExit) as e:
+    failure_modes.main(argv + ["--out", str(tmp_path / "x")])
+  assert e.value.code == 2
+  assert option in capsys.readouterr().err
+  assert not (tmp_path / "x").exists()
+
+
+def test_smoke_runs(tmp_path, capsys):
+  res = failure_modes.main(["--smoke", "--no-plots", "--out", str(tmp_path)])
+  assert res["config"]["rounds"] == 20 and res["config"]["seeds"] == 8
+  assert "Example 3" in capsys.readouterr().out
+  assert (tmp_path / "config.json").exists()
 
 
 def test_example1_myopic_gets_stuck_and_merges(results):

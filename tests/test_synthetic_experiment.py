@@ -43,11 +43,10 @@ def test_fc_reaches_oracle_error_where_local_and_global_do_not():
   assert np.mean(err["fc"]) < 0.25 * np.mean(err["local"])
 
 
-def test_experiment_cli_writes_results(tmp_path, capsys):
+def test_experiment_smoke_writes_results_and_config(tmp_path, capsys):
   out = tmp_path / "syn"
-  synthetic.main(["--settings", "2x3", "--rounds", "20", "--eval-every", "10",
-                  "--lrs", "0.001", "--quantiles", "0.3", "--out", str(out),
-                  "--algorithms", "fc,oracle,local,global,ifca"])
+  # --smoke: 2x3, 20 rounds, lr 0.001, q 0.3, fc,oracle,local,global,ifca.
+  synthetic.main(["--smoke", "--out", str(out), "--seed", "2"])
   printed = capsys.readouterr().out
   assert "fc" in printed and "[1/5]" in printed
   results = json.loads((out / "results.json").read_text())
@@ -57,17 +56,48 @@ def test_experiment_cli_writes_results(tmp_path, capsys):
   for png in ("figure3.png", "figure2.png"):
     assert (out / png).read_bytes()[:4] == b"\x89PNG"
   assert not list(out.glob(".tmp-*"))
+  config = json.loads((out / "config.json").read_text())
+  assert config["seed"] == 2 and config["smoke"]
+  assert config["config"]["num_rounds"] == 20
+  assert config["config"]["settings"] == [[2, 3]]
+  assert config["versions"]["jax"] == jax.__version__
+  assert config["platform"]["backend"] == jax.default_backend()
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--settings", "4by4"], "settings"),
+    (["--settings", "4by4"], "--settings"),
     (["--algorithms", "fc,sgd"], "unknown"),
-    (["--lrs", "-1"], "lrs"),
-    (["--quantiles", "2"], "quantiles"),
+    (["--algorithms", ""], "--algorithms"),
+    (["--lrs", "-1"], "--lrs"),
+    (["--lrs", "nan"], "--lrs"),
+    (["--quantiles", "2"], "--quantiles"),
+    (["--quantiles", "0"], "--quantiles"),
+    (["--rounds", "0"], "--rounds"),
+    (["--momentum", "1"], "--momentum"),
+    (["--batch-size", "10"], "--batch-size"),
 ])
 def test_experiment_rejects_bad_arguments_before_running(argv, message,
-                                                         tmp_path, capsys):
-  with pytest.raises(SystemExit):
+                                                         tmp_path, capsys,
+                                                         monkeypatch):
+  """`--lrs nan` (exit 0, NaN table) and `--algorithms ""` (failure at the
+  CSV write, after all the runs) failed before experiments/cli.py."""
+  monkeypatch.setattr(synthetic, "run_grid", _must_not_run)
+  with pytest.raises(SystemExit) as e:
     synthetic.main(argv + ["--out", str(tmp_path / "x")])
+  assert e.value.code == 2
   assert message in capsys.readouterr().err
   assert not (tmp_path / "x").exists()
+
+
+def _must_not_run(*args, **kwargs):
+  raise AssertionError("the experiment ran before its arguments were checked")
+
+
+def test_unwritable_out_is_found_before_any_run(tmp_path, capsys,
+                                                monkeypatch):
+  """Failed before: an unwritable `--out` was found after all the runs."""
+  monkeypatch.setattr(synthetic, "run_grid", _must_not_run)
+  (tmp_path / "file").write_text("")
+  with pytest.raises(SystemExit):
+    synthetic.main(["--smoke", "--out", str(tmp_path / "file" / "out")])
+  assert "--out" in capsys.readouterr().err
