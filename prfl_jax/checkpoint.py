@@ -26,7 +26,6 @@ naming the checkpoint and the leaf.
 import hashlib
 import json
 import os
-import tempfile
 from typing import Any, Optional
 import warnings
 
@@ -107,23 +106,31 @@ def rounds(directory) -> list:
                 if p.name.isdigit() and p.is_dir())
 
 
+def _path(directory) -> epath.Path:
+  """`directory` as an absolute local path, or as is for `gs://`-style URLs."""
+  directory = os.fspath(directory)
+  if "://" not in directory:
+    directory = os.path.abspath(directory)
+  return epath.Path(directory)
+
+
 def check_writable(directory) -> None:
   """Creates `directory` if needed and checks a file can be written in it.
 
   Raises:
     CheckpointError: if `directory` is a file.
-    PermissionError / OSError: naming `directory`, if it cannot be written.
+    OSError: naming `directory`, if it cannot be created or written.
   """
   rounds(directory)  # Rejects a file.
-  path = os.fspath(directory)
+  path = _path(directory)
+  probe = path / f".prfl-write-test-{os.getpid()}-{jax.process_index()}"
   try:
-    os.makedirs(path, exist_ok=True)
-    fd, probe = tempfile.mkstemp(dir=path, prefix=".prfl-write-test-")
-    os.close(fd)
-    os.unlink(probe)
+    path.mkdir(parents=True, exist_ok=True)
+    probe.write_text("")
+    probe.unlink()
   except OSError as e:
-    raise type(e)(e.errno, f"checkpoint directory {path!r} is not writable: "
-                  f"{e.strerror}") from e
+    raise OSError(e.errno, f"checkpoint directory {os.fspath(directory)!r} "
+                  f"is not writable: {e.strerror or e}") from e
 
 
 def _step_files(step_dir: epath.Path) -> list:
@@ -189,7 +196,7 @@ def save(directory, state: PyTree, *, keep: int = 2) -> str:
         f"{type(state).__name__}.")
   step = int(state.round)
   check_writable(directory)
-  directory = epath.Path(os.path.abspath(os.fspath(directory)))
+  directory = _path(directory)
   meta = {"format": FORMAT, "round": step, **describe(state),
           "versions": _versions()}
   with _manager(directory, keep) as manager:
@@ -344,7 +351,7 @@ def restore(directory, target: PyTree, *, round: Optional[int] = None  # pylint:
     saved = [round]
   if not saved:
     raise FileNotFoundError(f"no checkpoint in {path!r}.")
-  directory = epath.Path(os.path.abspath(path))
+  directory = _path(directory)
   problems = []
   for step in reversed(saved):
     step_dir = directory / str(step)

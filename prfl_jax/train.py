@@ -183,7 +183,7 @@ def train(algorithm: base.Algorithm, params: PyTree,
   if eval_fn is not None and not callable(eval_fn):
     raise TypeError(f"`eval_fn` must be callable, got {type(eval_fn)}.")
   log = log or (lambda s: print(s, file=sys.stderr, flush=True))
-  clusters = np.asarray(data.clusters)
+  clusters = sharding.to_host(data.clusters)
   _check_clusters(clusters)
   num_clusters = int(clusters.max()) + 1 if clusters.size else 1
   if eval_fn is not None:
@@ -214,7 +214,7 @@ def train(algorithm: base.Algorithm, params: PyTree,
   def evaluate(state, test):
     if eval_fn is None:
       return {}
-    return personalized_eval(eval_fn, state.params, test, data.clusters,
+    return personalized_eval(eval_fn, state.params, test, clusters,
                              state.byzantine, num_clusters)
 
   def chunk(state, first_round, train_data, test, length):

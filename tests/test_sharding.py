@@ -82,6 +82,13 @@ _SCRIPT = textwrap.dedent("""
       assert "`batch`" in str(e) and "N=6" in str(e), e
     else:
       raise AssertionError("no ValueError for N=6 on 4 devices")
+    try:
+      sharding.local_clients(6, mesh)
+    except ValueError as e:
+      assert "`num_clients`=6" in str(e), e
+    else:
+      raise AssertionError("no ValueError for 6 clients on 4 devices")
+    assert sharding.local_clients(8, mesh) == slice(0, 8)  # One process.
     print("SHARDING_OK")
 """)
 
@@ -120,3 +127,28 @@ def test_shard_clients_errors():
     n = jax.device_count() + 1
     with pytest.raises(ValueError, match=f"N={n}"):
       sharding.shard_clients(jnp.ones((n,)), mesh, name="batch")
+
+
+def test_local_clients_and_shard_local_clients_in_one_process():
+  """In one process this process holds every client, and
+  `shard_local_clients` equals `shard_clients` (the multi-process case is
+  tests/test_multiprocess.py)."""
+  mesh = sharding.client_mesh()
+  n = 2 * jax.device_count()
+  assert sharding.local_clients(n, mesh) == slice(0, n)
+  tree = {"x": np.arange(2 * n, dtype=np.float32).reshape(n, 2),
+          "round": np.int32(3)}
+  out = sharding.shard_local_clients(tree, mesh, num_clients=n, name="data")
+  ref = sharding.shard_clients(tree, mesh)
+  for k in tree:
+    np.testing.assert_array_equal(out[k], ref[k])
+    assert out[k].sharding == ref[k].sharding
+  host = sharding.to_host(out)
+  assert isinstance(host["x"], np.ndarray)
+  np.testing.assert_array_equal(host["x"], tree["x"])
+  with pytest.raises(ValueError, match=r"`data` leaves must hold this "
+                     rf"process's {n} clients \(rows 0:{n} of {n}\)"):
+    sharding.shard_local_clients({"x": tree["x"][:-1]}, mesh, num_clients=n,
+                                 name="data")
+  with pytest.raises(ValueError, match="no axis 'models'"):
+    sharding.local_clients(n, mesh, axis_name="models")

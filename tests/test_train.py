@@ -292,16 +292,23 @@ def test_checkpoint_path_is_checked_before_the_first_round(data, tmp_path):
   """Failed before the fix: an unwritable `checkpoint_path` failed after the
   first chunk, naming a temp file. Runs as root ignore permission bits, so
   the path lies under a regular file."""
-  alg = prfl.algorithms.local(prfl.data.regression_loss, optax.sgd(1e-2))
+  local = prfl.algorithms.local(prfl.data.regression_loss, optax.sgd(1e-2))
+  rounds_run = []
+
+  def step(state, batch, key):
+    jax.debug.callback(lambda: rounds_run.append(1))
+    return local.step(state, batch, key)
+
+  alg = local._replace(step=step)
   blocker = tmp_path / "file"
   blocker.write_text("x")
-  lines = []
-  kw = dict(num_rounds=2, key=jax.random.key(0), log=lines.append)
-  with pytest.raises(OSError, match=str(blocker / "ckpt")):
+  kw = dict(num_rounds=2, key=jax.random.key(0), verbose=False)
+  with pytest.raises(OSError, match=f"'{blocker / 'ckpt'}' is not writable"):
     prfl.train(alg, jnp.zeros((6, 4)), data,
                checkpoint_path=str(blocker / "ckpt"), **kw)
-  assert not lines  # Not a single round ran.
+  assert not rounds_run  # Not a single round ran.
   ckpt = str(tmp_path / "ckpt")
   prfl.train(alg, jnp.zeros((6, 4)), data, checkpoint_path=ckpt, **kw)
+  assert len(rounds_run) == 2
   with pytest.raises(ValueError, match=r"already holds checkpoints of rounds \[1, 2\]"):
     prfl.train(alg, jnp.zeros((6, 4)), data, checkpoint_path=ckpt, **kw)
