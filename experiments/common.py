@@ -40,7 +40,9 @@ def write_json(path: str, obj):
 
 
 def write_csv(path: str, rows: list):
-  """Writes a list of flat dicts as CSV, atomically."""
+  """Writes a non-empty list of flat dicts as CSV, atomically."""
+  if not rows:
+    raise ValueError(f"no rows to write to {path!r}.")
   def write(f):
     writer = csv.DictWriter(f, fieldnames=list(rows[0]))
     writer.writeheader()

@@ -158,7 +158,12 @@ def check_radius(radius, num_centers: int, num_points: int = 4):
 
 
 def _check_rule(rule, num_points: int):
-  """Raises TypeError unless `rule(distances [N], present [N])` is a scalar."""
+  """Checks that `rule(distances [N], present [N])` traces to a real scalar.
+
+  Raises:
+    TypeError: if the rule fails when traced or returns no real array.
+    ValueError: if it returns an array that is not a scalar.
+  """
   distances = jax.ShapeDtypeStruct((num_points,), jnp.float32)
   present = jax.ShapeDtypeStruct((num_points,), jnp.bool_)
   try:
@@ -263,7 +268,8 @@ def check_weights(weights, num_points: int) -> jax.Array:
     if np.any(bad):
       raise ValueError(
           "`weights` must be finite and >= 0 (0 marks an absent client); "
-          f"entries {np.flatnonzero(bad).tolist()} are {w[bad].tolist()}.")
+          f"entries {np.flatnonzero(bad)[:10].tolist()} are "
+          f"{w[bad][:10].tolist()}" + (" ..." if bad.sum() > 10 else "") + ".")
   weights = as_float(weights)
   return jnp.where(jnp.isfinite(weights) & (weights > 0), weights, 0.0)
 

@@ -114,3 +114,11 @@ def test_write_config_records_versions_backend_and_seed(tmp_path):
   assert not [f for f in os.listdir(args.out) if f.startswith(".tmp-")]
   with pytest.raises(TypeError, match="config"):
     cli.write_config(args.out, [1, 2])
+
+
+def test_write_csv_refuses_no_rows(tmp_path):
+  """Failed before with a bare IndexError (how `--algorithms ""` ended)."""
+  from experiments import common  # pylint: disable=import-outside-toplevel
+  with pytest.raises(ValueError, match="no rows"):
+    common.write_csv(str(tmp_path / "s.csv"), [])
+  assert not list(tmp_path.iterdir())

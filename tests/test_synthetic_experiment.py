@@ -10,6 +10,7 @@ import pytest
 
 import prfl_jax as prfl
 from experiments import synthetic
+from tests import tolerances
 
 
 def _client_errors(result, data):
@@ -33,10 +34,16 @@ def test_fc_reaches_oracle_error_where_local_and_global_do_not():
     result = prfl.train(alg, jnp.zeros((16, 10)), data, num_rounds=2000,
                         key=jax.random.key(1), eval_every=1000, verbose=False)
     err[name] = _client_errors(result, data)
-  assert np.median(err["oracle"]) < 1e-4
+  # The residuals `a @ x - y` are the model's own matmuls: at TF32 / bf16
+  # (GPU / TPU defaults) the optimum is only found to that precision,
+  # relative to ||x*||.
+  scale = float(np.mean(np.linalg.norm(data.test["x_star"], axis=1)))
+  solved = tolerances.model(atol=1e-4, scale=scale)["atol"]
+  near = tolerances.model(atol=1e-3, scale=scale)["atol"]
+  assert np.median(err["oracle"]) < solved
   # FC solves (almost) every client to the oracle's precision ...
-  assert np.median(err["fc"]) < 1e-4
-  assert np.sum(err["fc"] < 1e-3) >= 14
+  assert np.median(err["fc"]) < solved
+  assert np.sum(err["fc"] < near) >= 14
   # ... while no client solves its problem alone or with everyone.
   assert np.min(err["local"]) > 0.1
   assert np.min(err["global"]) > 1.0
