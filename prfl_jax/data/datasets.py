@@ -45,7 +45,8 @@ _SERVES = {
 }
 _FILE_SOURCE = {"mnist": "idx", "fashion_mnist": "idx",
                 "cifar10": "cifar_binary", "cifar100": "cifar_binary"}
-_PIP_HINT = "pip install 'prfl_jax[data]' (or pip install tensorflow-datasets)"
+_PIP_HINT = ("pip install 'prfl_jax[data]' (or pip install tensorflow-datasets "
+             "tensorflow)")
 
 
 class ArrayDataset(NamedTuple):
@@ -209,9 +210,14 @@ def _from_tfds(name, split, data_dir, download):
   except ImportError as e:
     raise ImportError(f"source='tfds' needs tensorflow-datasets: {_PIP_HINT}."
                       ) from e
-  ds, info = tfds.load(name, split=split, data_dir=data_dir, download=download,
-                       batch_size=-1, as_supervised=True, with_info=True)
-  images, labels = tfds.as_numpy(ds)
+  try:
+    ds, info = tfds.load(name, split=split, data_dir=data_dir,
+                         download=download, batch_size=-1, as_supervised=True,
+                         with_info=True)
+    images, labels = tfds.as_numpy(ds)
+  except ModuleNotFoundError as e:  # tfds imports TensorFlow lazily.
+    raise ImportError(f"tensorflow-datasets needs TensorFlow to load {name} "
+                      f"({e}): {_PIP_HINT}.") from e
   return images, labels, info
 
 
