@@ -45,6 +45,7 @@ _SERVES = {
 }
 _FILE_SOURCE = {"mnist": "idx", "fashion_mnist": "idx",
                 "cifar10": "cifar_binary", "cifar100": "cifar_binary"}
+_TFDS_BATCH = 10000
 _PIP_HINT = ("pip install 'prfl_jax[data]' (or pip install tensorflow-datasets "
              "tensorflow)")
 
@@ -210,14 +211,21 @@ def _from_tfds(name, split, data_dir, download):
   except ImportError as e:
     raise ImportError(f"source='tfds' needs tensorflow-datasets: {_PIP_HINT}."
                       ) from e
+  # Batches of _TFDS_BATCH rather than batch_size=-1 (one tensor): with
+  # tensorflow 2.21 / tfds 4.9.10, batch_size=-1 aborts the process under
+  # tfds.testing.mock_data (std::length_error), batches work everywhere.
   try:
     ds, info = tfds.load(name, split=split, data_dir=data_dir,
-                         download=download, batch_size=-1, as_supervised=True,
-                         with_info=True)
-    images, labels = tfds.as_numpy(ds)
+                         download=download, batch_size=_TFDS_BATCH,
+                         as_supervised=True, with_info=True)
+    batches = list(tfds.as_numpy(ds))
   except ModuleNotFoundError as e:  # tfds imports TensorFlow lazily.
     raise ImportError(f"tensorflow-datasets needs TensorFlow to load {name} "
                       f"({e}): {_PIP_HINT}.") from e
+  if not batches:
+    raise ValueError(f"tfds split {split!r} of {name} is empty.")
+  images = np.concatenate([x for x, _ in batches])
+  labels = np.concatenate([y for _, y in batches])
   return images, labels, info
 
 
