@@ -246,6 +246,8 @@ def test_no_source_says_what_to_install(monkeypatch, tmp_path, no_tfds):
                      match="apt-get install dataset-fashion-mnist.*--data-dir"
                      r".*pip install 'prfl_jax\[data\]'"):
     prfl.data.load_dataset("fashion_mnist")
+  with pytest.raises(FileNotFoundError, match="apt-get install dataset-fash"):
+    prfl.data.load_dataset("fashion_mnist", source="debian")
   with pytest.raises(ImportError, match=r"pip install 'prfl_jax\[data\]'"):
     prfl.data.load_dataset("mnist", source="tfds")
 

@@ -142,6 +142,11 @@ def _resolve(name: str, split: str, data_dir: Optional[str],
     hint = _wrong_format(data_dir, name, split)
     if hint:
       raise ValueError(hint)
+  if source == "debian" and not _holds(DEBIAN_FASHION_MNIST_DIR, name, split):
+    raise FileNotFoundError(
+        f"Debian's Fashion-MNIST is not in {DEBIAN_FASHION_MNIST_DIR}: "
+        "apt-get install dataset-fashion-mnist, or pass `data_dir` with "
+        f"{_expected_files(name)}.")
   if source != "auto":
     return source
   if name == "digits":

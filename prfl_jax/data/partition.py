@@ -423,13 +423,16 @@ def federate(ds: ArrayDataset, *, task: str, num_clusters: int,
   used = int(train_sizes.sum() + test_sizes.sum())
   detail = {"dirichlet": f"(alpha={alpha})",
             "shards": f"({shards_per_client} per client)"}.get(partition, "")
+  padded = train_sizes.min() < x.shape[1] or test_sizes.min() < xt.shape[1]
   description = (
       f"{ds.source}; task={task}, {k_num} clusters x {n} clients, "
       f"partition={partition}{detail}, train {train_sizes.min()}-"
       f"{train_sizes.max()} / test {test_sizes.min()}-{test_sizes.max()} "
-      f"examples per client (padded with label -1 to {x.shape[1]} / "
-      f"{xt.shape[1]}), {used} of {len(labels)} examples used, "
-      f"{num_byz} Byzantine per cluster, seed={seed}")
+      "examples per client" +
+      (f" (padded with label -1 to {x.shape[1]} / {xt.shape[1]})"
+       if padded else "") +
+      f", {used} of {len(labels)} examples used, {num_byz} Byzantine per "
+      f"cluster, seed={seed}")
   data = FederatedData(train=(x, y), test=(xt, yt), clusters=clusters)
   return Federation(data=data, byzantine=byzantine, num_classes=num_classes,
                     description=description)
