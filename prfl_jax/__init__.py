@@ -6,6 +6,7 @@ Federated-Clustering (Algorithm 1), Momentum-Clustering (Algorithm 3) and the
 baselines the paper compares against, on federations stored as stacked pytrees.
 """
 
+from prfl_jax import aggregators
 from prfl_jax import algorithms
 from prfl_jax import attacks
 from prfl_jax import checkpoint

@@ -91,3 +91,274 @@ def mlp_classifier_loss(num_layers: int) -> ghost.GhostLoss:
   """
   return ghost.GhostLoss(_softmax_cross_entropy, layer_names(num_layers))
 
+
+
+# ----------------------------------------------------------------------------
+# Flax linen models of the paper's experiments and their classifier losses.
+#
+# Written the way a Flax user writes them and used through pure
+# `model.apply(variables, x)`; `init_stacked` gives every client the same
+# initial variables (leaves `[N, ...]`), as in the paper's experiments.
+# Images are NHWC (`[B, H, W, C]`), the layout `prfl_jax.data` returns.
+# ----------------------------------------------------------------------------
+
+# The section's imports sit here, not at the top, so that it merges cleanly
+# with changes to the MLP functions above.
+# pylint: disable=g-import-not-at-top,wrong-import-position,wrong-import-order
+from typing import Any, Callable
+
+from flax import linen as nn
+import optax
+
+from prfl_jax import tree as tree_lib
+from prfl_jax import validation
+# pylint: enable=g-import-not-at-top,wrong-import-position,wrong-import-order
+
+# VGG configurations: conv widths, "M" = 2x2 max-pool with stride 2.
+VGG_CONFIGS = {
+    # Simonyan & Zisserman (2015), configuration D: 13 conv layers.
+    "vgg16": (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512,
+              "M", 512, 512, 512, "M"),
+    # The authors' CIFAR-100 model (github.com/liehe/PRFL, cifar100/vgg.py,
+    # `my_cfg["D"]`): 5 conv layers, each followed by a max-pool.
+    "vgg8": (16, "M", 32, "M", 64, "M", 128, "M", 512, "M"),
+}
+
+
+def _check_features(features, name: str):
+  features = tuple(features)
+  if not features or any(
+      not isinstance(f, (int, np.integer)) or isinstance(f, bool) or f < 1
+      for f in features):
+    raise ValueError(
+        f"`{name}` must be a non-empty sequence of positive integers, got "
+        f"{features!r}.")
+
+
+def _check_images(x: jax.Array, model: str):
+  if x.ndim != 4:
+    raise ValueError(
+        f"{model} takes images [batch, height, width, channels], got an input "
+        f"of shape {x.shape}; add a channel axis to grey-scale images "
+        "(x[..., None]).")
+
+
+def _max_pool(x: jax.Array, model: str, min_size: int) -> jax.Array:
+  """2x2 max-pool with stride 2 (floor, as torch.nn.MaxPool2d(2))."""
+  if x.shape[1] < 2 or x.shape[2] < 2:
+    raise ValueError(
+        f"{model}: a 2x2 max-pool met a {x.shape[1]}x{x.shape[2]} feature map; "
+        f"the input is too small for this model (it needs at least "
+        f"{min_size}x{min_size} pixels).")
+  return nn.max_pool(x, window_shape=(2, 2), strides=(2, 2))
+
+
+class MLP(nn.Module):
+  """ReLU multi-layer perceptron on flattened inputs.
+
+  `MLP(features=(200, 10))` is the paper's 784-200-10 MNIST model (Werner et
+  al., 2023, §5.2). Its params are `{"Dense_l": {"kernel", "bias"}}`, the
+  layout of `mlp_init`.
+
+  Attributes:
+    features: output sizes of the dense layers; the last is the number of
+      classes. ReLU between layers, none after the last.
+  """
+  features: Sequence[int] = (200, 10)
+
+  def __post_init__(self):
+    _check_features(self.features, "features")
+    super().__post_init__()
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """`x [B, ...]` (flattened to `[B, in]`) -> logits `[B, features[-1]]`."""
+    x = x.reshape((x.shape[0], -1))
+    for i, size in enumerate(self.features):
+      x = nn.Dense(size)(x)
+      if i < len(self.features) - 1:
+        x = nn.relu(x)
+    return x
+
+
+class CNN(nn.Module):
+  """Small convolutional network: two conv blocks and two dense layers.
+
+  Each block is a 3x3 'SAME' convolution, ReLU and a 2x2 max-pool; then a
+  dense ReLU layer and the output layer. On 28x28 inputs the feature map
+  before the dense layers is 7x7x64, on 8x8 (scikit-learn's digits) 2x2x64.
+
+  Attributes:
+    num_classes: number of output logits.
+    channels: output channels of the two conv layers.
+    hidden: width of the hidden dense layer.
+  """
+  num_classes: int = 10
+  channels: Sequence[int] = (32, 64)
+  hidden: int = 128
+
+  def __post_init__(self):
+    validation.check_positive_int(self.num_classes, "num_classes")
+    validation.check_positive_int(self.hidden, "hidden")
+    _check_features(self.channels, "channels")
+    super().__post_init__()
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """`x [B, H, W, C]` -> logits `[B, num_classes]`."""
+    _check_images(x, "CNN")
+    min_size = 2 ** len(self.channels)
+    for c in self.channels:
+      x = nn.relu(nn.Conv(c, kernel_size=(3, 3), padding="SAME")(x))
+      x = _max_pool(x, "CNN", min_size)
+    x = x.reshape((x.shape[0], -1))
+    x = nn.relu(nn.Dense(self.hidden)(x))
+    return nn.Dense(self.num_classes)(x)
+
+
+class VGG(nn.Module):
+  """VGG network without batch normalisation (Simonyan & Zisserman, 2015).
+
+  3x3 'SAME' convolutions with ReLU and 2x2 max-pools as the configuration
+  says, then a `hidden` ReLU head and the output layer; on 32x32 CIFAR images
+  the five pools leave a 1x1x512 map, so the head is 512-512-num_classes, as
+  in the paper's CIFAR experiments (§5.3: VGG-16 on CIFAR-10, VGG-8 on
+  CIFAR-100). Convolution kernels are He-normal over fan-out, as the authors'
+  PyTorch code initialises them (`normal(0, sqrt(2 / (9 * out)))`); dense
+  layers keep Flax's LeCun-normal. The authors' head also has dropout; this
+  one does not, so `apply` stays a pure, deterministic function.
+
+  Attributes:
+    config: `"vgg16"`, `"vgg8"` (see `VGG_CONFIGS`) or a sequence of conv
+      widths and `"M"` (max-pool).
+    num_classes: number of output logits.
+    hidden: widths of the hidden dense layers.
+  """
+  config: Any = "vgg16"
+  num_classes: int = 10
+  hidden: Sequence[int] = (512, 512)
+
+  def __post_init__(self):
+    layers = self.layers()
+    if not any(v != "M" for v in layers):
+      raise ValueError(f"`config` has no conv layer: {self.config!r}.")
+    _check_features([v for v in layers if v != "M"], "config (conv widths)")
+    validation.check_positive_int(self.num_classes, "num_classes")
+    if self.hidden:
+      _check_features(self.hidden, "hidden")
+    super().__post_init__()
+
+  def layers(self) -> tuple:
+    """The configuration as a tuple of conv widths and "M"."""
+    if isinstance(self.config, str):
+      if self.config not in VGG_CONFIGS:
+        raise ValueError(
+            f"`config` must be one of {sorted(VGG_CONFIGS)} or a sequence of "
+            f"conv widths and 'M', got {self.config!r}.")
+      return VGG_CONFIGS[self.config]
+    return tuple(self.config)
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """`x [B, H, W, C]` -> logits `[B, num_classes]`."""
+    _check_images(x, "VGG")
+    layers = self.layers()
+    min_size = 2 ** sum(v == "M" for v in layers)
+    conv_init = nn.initializers.variance_scaling(2.0, "fan_out", "normal")
+    for v in layers:
+      if v == "M":
+        x = _max_pool(x, "VGG", min_size)
+      else:
+        x = nn.relu(nn.Conv(v, kernel_size=(3, 3), padding="SAME",
+                            kernel_init=conv_init)(x))
+    x = x.reshape((x.shape[0], -1))
+    for width in self.hidden:
+      x = nn.relu(nn.Dense(width)(x))
+    return nn.Dense(self.num_classes)(x)
+
+
+def vgg16(num_classes: int = 10) -> VGG:
+  """VGG-16 (configuration D, no batch norm), 512-512-num_classes head."""
+  return VGG(config="vgg16", num_classes=num_classes)
+
+
+def vgg8(num_classes: int = 100) -> VGG:
+  """VGG-8: conv 16-32-64-128-512, each then max-pool; 512-512-num_classes."""
+  return VGG(config="vgg8", num_classes=num_classes)
+
+
+def _masked_cross_entropy(logits: jax.Array, y: jax.Array):
+  """Per-example softmax cross-entropy, zero where `y < 0`, and the mask."""
+  valid = y >= 0
+  ce = optax.softmax_cross_entropy_with_integer_labels(
+      logits.astype(jnp.float32), jnp.where(valid, y, 0))
+  return jnp.where(valid, ce, 0.0), valid
+
+
+def classifier_loss(apply_fn: Callable) -> Callable:
+  """Mean softmax cross-entropy of one client, ignoring padded examples.
+
+  Args:
+    apply_fn: `apply_fn(params, x [B, ...]) -> logits [B, C]`, e.g.
+      `model.apply` (then `params` is the variables dict `{"params": ...}`).
+
+  Returns:
+    `loss_fn(params, (x [B, ...], y [B] int)) -> scalar`: the mean over the
+    examples with `y >= 0` (labels < 0 mark padding); 0, with zero gradient,
+    when no example is valid. Labels must be < C (not checked under jit).
+  """
+  def loss_fn(params, batch):
+    x, y = batch
+    ce, valid = _masked_cross_entropy(apply_fn(params, x), y)
+    return jnp.sum(ce) / jnp.maximum(jnp.sum(valid), 1)
+  return loss_fn
+
+
+def classifier_eval(apply_fn: Callable) -> Callable:
+  """Accuracy and mean cross-entropy of one client, ignoring padding.
+
+  Args:
+    apply_fn: as in `classifier_loss`.
+
+  Returns:
+    `eval_fn(params, (x [T, ...], y [T] int)) -> {"accuracy": scalar,
+    "loss": scalar}` over the examples with `y >= 0` (both 0 when there is
+    none). Accuracy counts `argmax(logits) == y` (ties: the lowest class).
+  """
+  def eval_fn(params, batch):
+    x, y = batch
+    logits = apply_fn(params, x)
+    ce, valid = _masked_cross_entropy(logits, y)
+    count = jnp.maximum(jnp.sum(valid), 1)
+    correct = valid & (jnp.argmax(logits, axis=-1) == y)
+    return {"accuracy": jnp.sum(correct) / count, "loss": jnp.sum(ce) / count}
+  return eval_fn
+
+
+def init_stacked(model: nn.Module, key: jax.Array, sample_x: jax.Array,
+                 num_clients: int):
+  """One initial model copied to every client.
+
+  Args:
+    model: a Flax module, e.g. `CNN(num_classes=10)`.
+    key: PRNG key of the initialisation.
+    sample_x: `[B, ...]` example inputs (only `sample_x[:1]` is used, for the
+      shapes), e.g. one client's training images.
+    num_clients: number of clients N.
+
+  Returns:
+    the variables of `model.init(key, sample_x[:1])` with every leaf stacked
+    to `[N, ...]`, all clients equal (the paper's experiments start every
+    client from the same model); use them with `model.apply` under `vmap`.
+
+  Raises:
+    ValueError: if `num_clients < 1` or `sample_x` has no batch axis or an
+      empty one.
+  """
+  validation.check_positive_int(num_clients, "num_clients")
+  if np.ndim(sample_x) < 1 or np.shape(sample_x)[0] < 1:
+    raise ValueError(
+        f"`sample_x` must be a batch [B >= 1, ...] of example inputs, got "
+        f"shape {np.shape(sample_x)}.")
+  variables = model.init(key, jnp.asarray(sample_x[:1]))
+  return tree_lib.broadcast(variables, num_clients)

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from scipy import stats
 
@@ -84,3 +85,102 @@ def test_attacks_are_jittable():
                  prfl.attacks.mimic(), prfl.attacks.ipm()]:
     out = jax.jit(attack)(MESSAGES, BYZ, KEY)
     _benign_unchanged(out)
+
+
+# Two benign clusters around (1, 0) and (5, 0); one Byzantine client in each.
+EDGE_MSGS = jnp.array([[1.0, 0.0], [1.2, 0.0], [0.8, 0.0], [5.0, 0.0],
+                       [5.2, 0.0], [4.8, 0.0], [1.1, 0.0], [5.1, 0.0]])
+EDGE_BYZ = jnp.array([False] * 6 + [True, True])
+
+
+def test_threshold_edge_sits_inside_the_ball_against_the_estimate():
+  """Each Byzantine client anchors at its own cluster's estimate.
+
+  Threshold-Clustering of the benign messages from (1.1, 0) with radius 1
+  converges to the mean (1, 0) of the first cluster (every step halves the
+  gap: 3 of 6 benign points inside); the message is (1, 0) - 0.95 * (1, 0),
+  and (5, 0) - 0.95 * (1, 0) in the second cluster.
+  """
+  out = prfl.attacks.threshold_edge(1.0, num_iters=60)(EDGE_MSGS, EDGE_BYZ,
+                                                       KEY)
+  np.testing.assert_array_equal(out[:6], EDGE_MSGS[:6])
+  np.testing.assert_allclose(out[6:], [[0.05, 0.0], [4.05, 0.0]],
+                             atol=1e-5)
+  out = prfl.attacks.threshold_edge(1.0, num_iters=60, margin=0.5,
+                                    direction="fixed")(EDGE_MSGS, EDGE_BYZ,
+                                                       KEY)
+  step = 0.5 / np.sqrt(2.0)
+  np.testing.assert_allclose(out[6:], [[1.0 + step, step], [5.0 + step, step]],
+                             atol=1e-5)
+
+
+@pytest.mark.parametrize("q", [0.1, 0.2, 0.35, 0.5])
+def test_edge_radius_is_the_largest_distance_inside_the_quantile_ball(q):
+  """Byzantine points at the edge radius are inside the defender's q-quantile
+  ball (all N distances, theirs included); 0.1% farther they are outside."""
+  rng = np.random.default_rng(3)
+  benign_d = rng.uniform(0.1, 5.0, size=17)
+  byz = np.array([False] * 17 + [True] * 4)
+  dist = np.concatenate([benign_d, np.full(4, 99.0)])
+  r = float(prfl.attacks.edge_radius(prfl.quantile_radius(q),
+                                     jnp.asarray(dist)[None],
+                                     jnp.asarray(~byz))[0])
+  present = jnp.ones(21, bool)
+  for scale, inside in [(1.0, True), (1.001, False)]:
+    d = jnp.asarray(np.where(byz, r * scale, dist))
+    tau = float(prfl.masked_quantile(d, present, q))
+    assert (r * scale <= tau) == inside, (scale, r, tau)
+
+
+def test_threshold_edge_quantile_messages_are_inside_at_the_estimate():
+  out = prfl.attacks.threshold_edge(prfl.quantile_radius(0.3), num_iters=60)(
+      EDGE_MSGS, EDGE_BYZ, KEY)
+  centers, info = prfl.threshold_clustering_with_info(
+      out, jnp.array([[1.0, 0.0]]), radius=prfl.quantile_radius(0.3),
+      num_iters=1)
+  del centers
+  assert bool(info.inside[0, 6])  # The Byzantine point of the first cluster.
+
+
+def test_threshold_edge_biases_fc_by_beta_times_radius():
+  """The paper's bound, exactly: the bad points shift the estimate by beta*tau.
+
+  One Byzantine client in each cluster of 4 (beta' = 1/4 of the ball) with
+  radius tau = 1 and margin 0.05: FC stops where the clustered estimate
+  vanishes, `(3 v + v - 0.95 tau v/|v|) / 4 = 0`, i.e. at distance
+  `0.95 / 4 = 0.2375` from the benign optimum. Large gradients never enter
+  the ball (error ~ 0).
+  """
+  rng = np.random.default_rng(0)
+  c = np.concatenate([0.1 * rng.normal(size=(4, 2)),
+                      5.0 + 0.1 * rng.normal(size=(4, 2))]).astype(np.float32)
+  byz = np.array([False, False, False, True] * 2)
+  loss = lambda x, b: 0.5 * jnp.sum((x - b[0]) ** 2)
+  errors = {}
+  for name, attack in [("edge", prfl.attacks.threshold_edge(1.0,
+                                                            num_iters=30)),
+                       ("large", prfl.attacks.large(1e3))]:
+    alg = prfl.algorithms.federated_clustering(
+        loss, optax.sgd(0.5), radius=1.0, num_iters=30, attack=attack)
+    state = alg.init(jnp.zeros((8, 2)), byzantine=jnp.asarray(byz))
+    step = jax.jit(alg.step)
+    for t in range(200):
+      state, _ = step(state, jnp.asarray(c)[:, None], jax.random.key(t))
+    optimum = np.stack([c[:3].mean(0)] * 4 + [c[4:7].mean(0)] * 4)
+    err = np.linalg.norm(np.asarray(state.params) - optimum, axis=1)
+    errors[name] = err[~byz]
+  np.testing.assert_allclose(errors["edge"], 0.2375, rtol=1e-3)
+  assert errors["large"].max() < 1e-5
+
+
+def test_threshold_edge_bad_arguments():
+  with pytest.raises(TypeError, match="radius"):
+    prfl.attacks.threshold_edge(lambda d, p: 1.0)
+  with pytest.raises(ValueError, match="radius"):
+    prfl.attacks.threshold_edge(-1.0)
+  with pytest.raises(ValueError, match="margin"):
+    prfl.attacks.threshold_edge(1.0, margin=1.0)
+  with pytest.raises(ValueError, match="direction"):
+    prfl.attacks.threshold_edge(1.0, direction="up")
+  with pytest.raises(ValueError, match="num_iters"):
+    prfl.attacks.threshold_edge(1.0, num_iters=0)

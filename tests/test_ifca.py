@@ -6,6 +6,7 @@ import numpy as np
 import optax
 import pytest
 
+from prfl_jax import aggregators
 from prfl_jax import attacks
 from prfl_jax.algorithms.ifca import ifca
 from tests.toy import linreg_federation
@@ -143,3 +144,41 @@ def test_bad_types():
     ifca(quadratic, "sgd", num_clusters=2, key=jax.random.key(0))
   with pytest.raises(TypeError, match="loss_fn"):
     ifca(3, optax.sgd(0.1), num_clusters=2, key=jax.random.key(0))
+
+
+def test_option1_median_aggregator_matches_numpy():
+  """Each cluster model moves by the median of its members' messages only."""
+  gamma = 0.1
+  targets = np.array([0.0, 1.0, 5.0, 9.0, 6.0])
+  byz = np.array([False, False, False, False, True])
+  models = np.array([0.0, 6.0])
+  alg = ifca(quadratic, optax.sgd(gamma), num_clusters=2, option=1,
+             attack=attacks.large(100.0), aggregator=aggregators.median(),
+             init_models=jnp.asarray(models))
+  state = alg.init(jnp.zeros(5), byzantine=jnp.asarray(byz))
+  state, _ = alg.step(state, jnp.asarray(targets)[:, None],
+                      jax.random.PRNGKey(0))
+  a = np.argmin(0.5 * (models[:, None] - targets[None]) ** 2, axis=0)
+  grads = models[a] - targets
+  grads[byz] *= 100.0
+  for k in range(2):
+    models[k] -= gamma * np.median(grads[a == k])
+  np.testing.assert_allclose(state.models, models, rtol=1e-6)
+
+
+def test_mean_aggregator_matches_default():
+  loss, batch, params = linreg_federation(jax.random.PRNGKey(0))
+  states = []
+  for agg in (None, aggregators.mean()):
+    alg = ifca(loss, optax.sgd(0.05), num_clusters=2, aggregator=agg,
+               key=jax.random.PRNGKey(1))
+    state = alg.init(params)
+    for r in range(3):
+      state, _ = jax.jit(alg.step)(state, batch, jax.random.PRNGKey(r))
+    states.append(state)
+  np.testing.assert_allclose(states[0].models, states[1].models, rtol=1e-6)
+
+
+def test_aggregator_must_be_callable():
+  with pytest.raises(TypeError, match="aggregator"):
+    ifca(quadratic, optax.sgd(0.1), num_clusters=2, aggregator=0.5)

@@ -61,7 +61,8 @@ def local_updates(loss_fn, optimizer, params: PyTree, batch: PyTree,
 
 
 def fedavg(loss_fn, optimizer: optax.GradientTransformation, *,
-           local_steps: int = 1, attack=None) -> base.Algorithm:
+           local_steps: int = 1, attack=None,
+           aggregator=None) -> base.Algorithm:
   """FedAvg with gradient averaging (1 local step) or model averaging.
 
   Args:
@@ -70,6 +71,9 @@ def fedavg(loss_fn, optimizer: optax.GradientTransformation, *,
       gradient; otherwise the clients' local optimizer.
     local_steps: local steps per round; the batch size must be divisible by it.
     attack: what Byzantine clients send (gradients or model changes), or None.
+    aggregator: how the server combines the N messages, a
+      `prfl_jax.aggregators` rule such as `aggregators.median()`; None is the
+      mean (bit-identical to `aggregators.mean()`).
 
   Returns:
     `Algorithm(init, step)`.
@@ -79,6 +83,9 @@ def fedavg(loss_fn, optimizer: optax.GradientTransformation, *,
   """
   base.check_optimizer(optimizer)
   base.check_positive_int(local_steps, "local_steps")
+  if aggregator is not None and not callable(aggregator):
+    raise TypeError(f"`aggregator` must be a prfl_jax.aggregators rule or "
+                    f"None, got {type(aggregator)}.")
 
   def init(params, *, byzantine=None) -> FedAvgState:
     n = base.init_params(params)
@@ -98,7 +105,10 @@ def fedavg(loss_fn, optimizer: optax.GradientTransformation, *,
                                        local_steps)
     honest_norm = base.benign_mean(base.grad_norms(messages), state.byzantine)
     messages = base.attacked(attack, messages, state.byzantine, key)
-    mean = tree_lib.weighted_mean(messages, jnp.ones((n,), jnp.float32))
+    if aggregator is None:
+      mean = tree_lib.weighted_mean(messages, jnp.ones((n,), jnp.float32))
+    else:
+      mean = aggregator(messages)
     direction = tree_lib.broadcast(mean, n)
     if local_steps == 1:
       params, opt_state = base.apply_updates(optimizer, direction,

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from prfl_jax import aggregators
 from prfl_jax import gradients
 from prfl_jax import tree as tree_lib
 from prfl_jax import validation
@@ -125,7 +126,7 @@ class IfcaState(NamedTuple):
 def ifca(loss_fn, optimizer: optax.GradientTransformation, *,
          num_clusters: int, key=None, init_models=None, option: int = 1,
          local_steps: int = 1, init_scale: float = 0.1,
-         attack=None) -> base.Algorithm:
+         attack=None, aggregator=None) -> base.Algorithm:
   """IFCA with gradient averaging (Option I) or model averaging (Option II).
 
   Args:
@@ -143,6 +144,9 @@ def ifca(loss_fn, optimizer: optax.GradientTransformation, *,
     init_scale: noise scale of the random init (see `init_cluster_models`).
     attack: what Byzantine clients send instead of their gradient / model
       change, or None.
+    aggregator: how each cluster model combines its members' messages, a
+      `prfl_jax.aggregators` rule (e.g. `aggregators.median()`, applied to
+      the members only); None is the members' mean.
 
   Returns:
     `Algorithm(init, step)`; `init(params, *, byzantine=None)` takes params
@@ -173,6 +177,9 @@ def ifca(loss_fn, optimizer: optax.GradientTransformation, *,
         "Option I takes one gradient step per round.")
   check_init_scale(init_scale)
   check_init_source(num_clusters, init_models, key)
+  if aggregator is not None and not callable(aggregator):
+    raise TypeError(f"`aggregator` must be a prfl_jax.aggregators rule or "
+                    f"None, got {type(aggregator)}.")
 
   def init(params, *, byzantine=None) -> IfcaState:
     n = base.init_params(params)
@@ -197,8 +204,12 @@ def ifca(loss_fn, optimizer: optax.GradientTransformation, *,
                                   local_steps)
     honest_norm = base.benign_mean(base.grad_norms(messages), state.byzantine)
     messages = base.attacked(attack, messages, state.byzantine, key)
-    means, sizes = cluster_models.segment_mean(messages, assignment,
-                                               num_clusters)
+    if aggregator is None:
+      means, sizes = cluster_models.segment_mean(messages, assignment,
+                                                 num_clusters)
+    else:
+      means, sizes = aggregators.per_segment(aggregator, messages, assignment,
+                                             num_clusters)
     nonempty = sizes > 0
     if option == 1:
       models, opt_state = base.apply_updates(optimizer, means,

@@ -1,8 +1,19 @@
-"""Stacked federated datasets and in-jit batch sampling."""
+"""Data sets, federated partitions and in-jit batch sampling."""
 
+from prfl_jax.data.datasets import ArrayDataset
+from prfl_jax.data.datasets import load_dataset
 from prfl_jax.data.federated import FederatedData
 from prfl_jax.data.federated import check_data
 from prfl_jax.data.federated import sample_batch
+from prfl_jax.data.federated import valid_mask
+from prfl_jax.data.partition import Federation
+from prfl_jax.data.partition import dirichlet_partition
+from prfl_jax.data.partition import federate
+from prfl_jax.data.partition import iid_partition
+from prfl_jax.data.partition import label_block
+from prfl_jax.data.partition import private_label
+from prfl_jax.data.partition import rotate
+from prfl_jax.data.partition import shard_partition
 from prfl_jax.data.synthetic import synthetic_regression
 from prfl_jax.data.synthetic import regression_loss
 from prfl_jax.data.synthetic import regression_eval

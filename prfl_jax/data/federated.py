@@ -1,5 +1,6 @@
 """A federated dataset as stacked arrays, and batch sampling inside jit."""
 
+import functools
 import numbers
 from typing import Any, NamedTuple, Optional
 
@@ -62,14 +63,45 @@ def check_batch_size(batch_size: Optional[int], train: PyTree):
         f"(examples per client), got {batch_size!r}.")
 
 
+def valid_mask(train: PyTree) -> Optional[jax.Array]:
+  """Which examples are real, as marked by padding labels, or None.
+
+  Padded examples (see `prfl_jax.data.federate`) carry label -1. The labels
+  are the integer leaves of shape `[N, M]`; an example is valid when all of
+  them are >= 0. Data without such leaves (e.g. the synthetic regression, whose
+  targets are float) has no notion of padding: None.
+
+  Args:
+    train: leaves `[N, M, ...]`.
+
+  Returns:
+    bool `[N, M]`, or None.
+  """
+  masks = [jnp.asarray(x) >= 0 for x in jax.tree.leaves(train)
+           if np.ndim(x) == 2 and np.issubdtype(x.dtype, np.integer)]
+  if not masks:
+    return None
+  return functools.reduce(jnp.logical_and, masks)
+
+
 def sample_batch(key: jax.Array, train: PyTree,
                  batch_size: Optional[int]) -> PyTree:
   """Every client draws `batch_size` of its examples without replacement.
 
+  Client i takes the first `batch_size` entries of
+  `jax.random.permutation(split(key, N)[i], M)`. When `train` has integer
+  label leaves `[N, M]` (see `valid_mask`), the permutation is first stably
+  reordered so that valid examples (labels >= 0) come before padded ones: a
+  client draws only valid examples unless it has fewer than `batch_size`, and
+  then the rest of its batch is padding (label -1, ignored by the losses).
+  On data without padding the reordering is the identity, so the draws equal
+  the plain permutation's; data without integer labels takes exactly that
+  plain path.
+
   Args:
     key: PRNG key; client i uses `split(key, N)[i]`.
     train: leaves `[N, M, ...]`.
-    batch_size: B <= M, or None for the full local dataset.
+    batch_size: B <= M, or None for the full local dataset (padding included).
 
   Returns:
     leaves `[N, B, ...]`.
@@ -79,7 +111,14 @@ def sample_batch(key: jax.Array, train: PyTree,
   n = tree_lib.num_leading(train, "train")
   m = num_examples(train)
   keys = tree_lib.client_keys(key, n)
-  idx = jax.vmap(lambda k: jax.random.permutation(k, m)[:batch_size])(keys)
+  valid = valid_mask(train)
+  if valid is None:
+    idx = jax.vmap(lambda k: jax.random.permutation(k, m)[:batch_size])(keys)
+  else:
+    def draw(k, ok):
+      perm = jax.random.permutation(k, m)
+      return perm[jnp.argsort(~ok[perm], stable=True)][:batch_size]
+    idx = jax.vmap(draw)(keys, valid)
   return jax.tree.map(
       lambda x: jnp.take_along_axis(
           x, idx.reshape(idx.shape + (1,) * (x.ndim - 2)), axis=1), train)
