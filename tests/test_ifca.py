@@ -181,4 +181,5 @@ def test_mean_aggregator_matches_default():
 
 def test_aggregator_must_be_callable():
   with pytest.raises(TypeError, match="aggregator"):
-    ifca(quadratic, optax.sgd(0.1), num_clusters=2, aggregator=0.5)
+    ifca(quadratic, optax.sgd(0.1), num_clusters=2, aggregator=0.5,
+         key=jax.random.key(0))
