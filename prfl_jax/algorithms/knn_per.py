@@ -68,7 +68,9 @@ def knn_probs(query: jax.Array, store: jax.Array, store_labels: jax.Array, *,
   Returns:
     `[M, C]` probabilities.
   """
-  d2 = (jnp.sum(query ** 2, 1)[:, None] - 2 * query @ store.T +
+  # HIGHEST: the expansion cancels, and TF32/bf16 would reorder neighbours.
+  cross = jnp.matmul(query, store.T, precision=lax.Precision.HIGHEST)
+  d2 = (jnp.sum(query ** 2, 1)[:, None] - 2 * cross +
         jnp.sum(store ** 2, 1)[None, :])
   d2 = jnp.maximum(d2, 0.0)
   if store_mask is not None:

@@ -10,6 +10,7 @@ the same cluster together can.
 from typing import Any
 
 import jax
+from jax import lax
 import jax.numpy as jnp
 
 from prfl_jax import validation
@@ -52,7 +53,9 @@ def synthetic_regression(key: jax.Array, *, num_clusters: int = 4,
                         clients_per_cluster)
   means = (clusters + 1).astype(jnp.float32)[:, None, None]
   a = means + jax.random.normal(a_key, (n, num_samples, dim))
-  y = jnp.einsum("nsd,nd->ns", a, x_star[clusters])
+  # HIGHEST: at TF32/bf16 x_star would not be the exact optimum of the data.
+  y = jnp.einsum("nsd,nd->ns", a, x_star[clusters],
+                 precision=lax.Precision.HIGHEST)
   y = y + noise * jax.random.normal(noise_key, y.shape)
   data = FederatedData(train={"a": a, "y": y},
                        test={"x_star": x_star[clusters]}, clusters=clusters)
