@@ -78,6 +78,10 @@ def test_flip_labels():
   labels = jnp.array([[0, 9], [3, 4]])
   out = prfl.attacks.flip_labels(labels, jnp.array([False, True]), 10)
   np.testing.assert_array_equal(out, [[0, 9], [6, 5]])
+  # Padding (label -1) is not a class: it stays padding.
+  padded = jnp.array([[3, -1], [2, -1]])
+  out = prfl.attacks.flip_labels(padded, jnp.array([True, False]), 10)
+  np.testing.assert_array_equal(out, [[6, -1], [2, -1]])
 
 
 def test_attacks_are_jittable():
