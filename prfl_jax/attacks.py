@@ -257,10 +257,12 @@ def flip_labels(labels: jax.Array, byzantine: jax.Array,
                 num_classes: int) -> jax.Array:
   """Label-flipping data transform: `y -> num_classes - 1 - y` for Byzantine.
 
+  Labels < 0 (padding, see `prfl_jax.data.federate`) stay as they are.
+
   Args:
     labels: `[N, M]` integer labels.
     byzantine: `[N]` bool mask.
     num_classes: number of classes.
   """
-  flipped = num_classes - 1 - labels
+  flipped = jnp.where(labels >= 0, num_classes - 1 - labels, labels)
   return jnp.where(byzantine[:, None], flipped, labels)

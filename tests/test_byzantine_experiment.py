@@ -1,0 +1,145 @@
+"""experiments/byzantine.py: option checks, the grid's bookkeeping, a smoke run.
+
+The smoke run uses scikit-learn's bundled digits (no download). Mutations seen
+to fail these tests: the grid without its per-fraction attack-free runs
+(`grid_jobs`), FC's drop measured against the 0% run instead of the same
+federation's (`grid_checks`), label flipping applied to benign clients.
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+import prfl_jax as prfl
+from experiments import byzantine
+
+
+@pytest.fixture
+def no_data_load(monkeypatch):
+  def fail(*args, **kwargs):
+    raise AssertionError("data were loaded before the options were checked")
+  monkeypatch.setattr(prfl.data, "load_dataset", fail)
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--dataset", "cifar"], "--dataset"),
+    (["--attacks", "alie,bogus"], "--attacks"),
+    (["--methods", ""], "--methods"),
+    (["--references", "global"], "--references"),
+    (["--fractions", "0,0.5"], "--fractions"),
+    (["--fractions", "0,x"], "--fractions"),
+    (["--part", "table"], "--part"),
+    (["--trim-fraction", "0.5"], "trim_fraction"),
+    (["--cc-radius", "0"], "radius"),
+    (["--gm-iters", "0"], "--gm-iters"),
+    (["--smoke", "--fractions", "0.1"], "marks no client"),
+    # 2 clusters x 5 clients, 40%: 4 Byzantine of 10, and Krum needs 10 > 10.
+    (["--clusters", "2", "--clients-per-cluster", "5", "--fractions", "0.4",
+      "--methods", "global_krum"], "too large for Krum"),
+    (["--clients-per-cluster", "40"], "--batch-size"),
+    (["--rounds", "0"], "--rounds"),
+])
+def test_bad_options_fail_before_any_data_load(no_data_load, capsys, argv,
+                                               match):
+  with pytest.raises(SystemExit):
+    byzantine.main(argv)
+  assert match in capsys.readouterr().err
+
+
+def test_grid_jobs_have_an_attack_free_run_per_fraction():
+  cfg = byzantine.resolve(byzantine.Config(
+      attacks=("alie", "nan"), methods=("fc", "global_median"),
+      fractions=(0.0, 0.2), part="grid"))
+  jobs = byzantine.grid_jobs(cfg)
+  assert jobs[:4] == [(0.0, "none", "fc"), (0.0, "none", "global_median"),
+                      (0.0, "none", "oracle"), (0.0, "none", "local")]
+  assert [j for j in jobs if j[0] == 0.2] == [
+      (0.2, a, m) for a in ("none", "alie", "nan")
+      for m in ("fc", "global_median")]
+  # Defaults: 10 attacks + "none" at 3 fractions, "none" at 0%, 8 methods,
+  # and the 2 references at 0%.
+  cfg = byzantine.resolve(byzantine.Config())
+  assert len(byzantine.grid_jobs(cfg)) == (3 * 11 + 1) * 8 + 2
+  assert cfg.sizes["grid"]["num_clients"] == 40
+  assert cfg.sizes["figure6"]["num_groups"] == 2
+
+
+def _row(fraction, attack, method, accuracy, nonfinite=0):
+  return {"fraction": fraction, "attack": attack, "method": method,
+          "accuracy": accuracy, "nonfinite_benign_models": nonfinite}
+
+
+def test_grid_checks_compare_with_the_same_federation():
+  cfg = byzantine.resolve(byzantine.Config(
+      attacks=("alie", "nan"), methods=("fc",), fractions=(0.0, 0.1, 0.3),
+      part="grid"))
+  rows = [_row(0.0, "none", "fc", 0.95),
+          _row(0.1, "none", "fc", 0.90), _row(0.1, "alie", "fc", 0.88),
+          _row(0.1, "nan", "fc", 0.86, nonfinite=2),
+          _row(0.3, "none", "fc", 0.90), _row(0.3, "alie", "fc", 0.10)]
+  checks = byzantine.grid_checks(cfg, rows)
+  # 10% ALIE: 2 points below the 10% attack-free run (not 7 below 0%'s).
+  assert checks["fc_drop_points_up_to_20pct"] == {"10% alie": 2.0,
+                                                  "10% nan": 4.0}
+  assert not checks["fc_within_3_points_up_to_20pct"]
+  assert checks["fc_failures"] == {"10% nan": 4.0}
+  assert checks["fc_nonfinite_benign_models_any_run"] == 2
+  assert checks["runs_with_nonfinite_benign_models"] == ["10% nan fc"]
+
+
+def test_label_flip_changes_only_byzantine_clients():
+  ds = prfl.data.load_dataset("digits")
+  fed = prfl.data.federate(ds, task="private_label", num_clusters=2,
+                           clients_per_cluster=5, byzantine_fraction=0.4)
+  flipped = byzantine.flip_labels(fed)
+  y, y2 = fed.data.train[1], flipped.data.train[1]
+  byz = fed.byzantine
+  np.testing.assert_array_equal(y2[~byz], y[~byz])
+  valid = y[byz] >= 0
+  np.testing.assert_array_equal(y2[byz][valid], 9 - y[byz][valid])
+
+
+def test_every_attack_and_method_builds():
+  hp = byzantine.cls.Hyper()
+  cfg = byzantine.resolve(byzantine.Config(part="grid"))
+  for name in ("none",) + byzantine.ATTACKS:
+    attack = byzantine.make_attack(name, hp)
+    assert (attack is None) == (name in ("none", "label_flip"))
+  for name in byzantine.METHODS + byzantine.REFERENCES:
+    alg = byzantine.make_method(
+        name, cfg, hp, prfl.data.regression_loss, attack=None,
+        num_byzantine=4, clusters=np.zeros(40, np.int32), key=None)
+    assert isinstance(alg, prfl.algorithms.Algorithm)
+
+
+def test_smoke_run_writes_every_output(tmp_path, capsys):
+  out = tmp_path / "byz"
+  result = byzantine.main([
+      "--smoke", "--attacks", "edge", "--methods", "fc", "--fractions",
+      "0,0.2", "--references", "local", "--out", str(out)])
+  printed = capsys.readouterr().out
+  assert "[6/6] Figure 6" in printed and "[4/4] 20% ball edge" in printed
+  assert "left)" in printed  # Progress with the time left.
+  grid = json.loads((out / "grid.json").read_text())
+  assert [(r["fraction"], r["attack"], r["method"]) for r in grid["rows"]] == [
+      (0.0, "none", "fc"), (0.0, "none", "local"), (0.2, "none", "fc"),
+      (0.2, "edge", "fc")]
+  for r in grid["rows"]:
+    assert 0 <= r["accuracy"] <= 1 and r["seconds"] > 0
+    assert r["nonfinite_benign_models"] == 0
+  assert "fc_within_3_points_up_to_20pct" in grid["checks"]
+  table = (out / "grid.md").read_text()
+  assert "| 20% | ball edge (worst case) |" in table
+  assert "| Local |" in table and "| 75.2 |" in table  # Paper beside ours.
+  assert "--smoke" in table  # The command that made the numbers.
+  fig6 = json.loads((out / "figure6.json").read_text())
+  assert {(r["attack"], r["method"]) for r in fig6["runs"]} == {
+      (a, m) for a in ("none", "large", "bit_flip") for m in ("fc", "global")}
+  config = json.loads((out / "config.json").read_text())
+  assert config["config"]["num_rounds"] == 2 and config["versions"]["jax"]
+  for png in ("heatmap.png", "figure6.png"):
+    assert (out / png).read_bytes()[:4] == b"\x89PNG"
+  assert (out / "grid.csv").read_text().startswith("accuracy,")
+  assert not list(out.glob(".tmp-*"))
+  assert result["checks"] == grid["checks"]
