@@ -310,5 +310,6 @@ def test_checkpoint_path_is_checked_before_the_first_round(data, tmp_path):
   ckpt = str(tmp_path / "ckpt")
   prfl.train(alg, jnp.zeros((6, 4)), data, checkpoint_path=ckpt, **kw)
   assert len(rounds_run) == 2
-  with pytest.raises(ValueError, match=r"already holds checkpoints of rounds \[1, 2\]"):
+  with pytest.raises(ValueError,
+                     match=r"already holds checkpoints of rounds \[1, 2\]"):
     prfl.train(alg, jnp.zeros((6, 4)), data, checkpoint_path=ckpt, **kw)
