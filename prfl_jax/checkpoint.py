@@ -315,8 +315,8 @@ def _abstract(target: PyTree) -> PyTree:
   return jax.tree.map(one, target)
 
 
-def restore(directory, target: PyTree, *, round: Optional[int] = None  # pylint: disable=redefined-builtin
-            ) -> PyTree:
+def restore(directory, target: PyTree, *,
+            at_round: Optional[int] = None) -> PyTree:
   """Reads the newest intact checkpoint in `directory` into `target`'s form.
 
   Args:
@@ -325,7 +325,7 @@ def restore(directory, target: PyTree, *, round: Optional[int] = None  # pylint:
       `alg.init(params)`), or its `jax.ShapeDtypeStruct`s; leaves that carry a
       sharding (e.g. a state placed with `prfl.sharding.shard_clients`) are
       restored with it, others onto one local device.
-    round: restore exactly this round (no fall-back); default the newest
+    at_round: restore exactly this round (no fall-back); default the newest
       intact one.
 
   Returns:
@@ -336,7 +336,7 @@ def restore(directory, target: PyTree, *, round: Optional[int] = None  # pylint:
       or incomplete.
 
   Raises:
-    FileNotFoundError: if `directory` holds no checkpoint (of `round`).
+    FileNotFoundError: if `directory` holds no checkpoint (of `at_round`).
     CheckpointError: if no candidate checkpoint is intact (every one named),
       or `directory` is a file.
     ValueError: if the checkpoint holds another algorithm's state or another
@@ -344,11 +344,11 @@ def restore(directory, target: PyTree, *, round: Optional[int] = None  # pylint:
   """
   path = os.fspath(directory)
   saved = rounds(directory)
-  if round is not None:
-    if round not in saved:
+  if at_round is not None:
+    if at_round not in saved:
       raise FileNotFoundError(
-          f"no checkpoint of round {round} in {path!r} (rounds: {saved}).")
-    saved = [round]
+          f"no checkpoint of round {at_round} in {path!r} (rounds: {saved}).")
+    saved = [at_round]
   if not saved:
     raise FileNotFoundError(f"no checkpoint in {path!r}.")
   directory = _path(directory)

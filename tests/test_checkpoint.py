@@ -57,7 +57,7 @@ def fixture_saved(tmp_path):
 def test_save_restore_roundtrip_and_metadata(saved):
   assert checkpoint.rounds(saved) == [6, 9]  # keep=2: round 3 was dropped.
   _assert_equal(checkpoint.restore(saved, _state(0)), _state(9))
-  _assert_equal(checkpoint.restore(saved, _state(0), round=6), _state(6))
+  _assert_equal(checkpoint.restore(saved, _state(0), at_round=6), _state(6))
   # An abstract target (ShapeDtypeStructs) works as well.
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                           _state(0))
@@ -96,7 +96,7 @@ def test_flipped_byte_in_an_array_is_found_and_the_previous_round_restored(
     with pytest.warns(UserWarning, match=f"'{path}' is corrupt.*round 6"):
       _assert_equal(checkpoint.restore(saved, _state(0)), _state(6))
     with pytest.raises(checkpoint.CheckpointError, match=f"'{path}'"):
-      checkpoint.restore(saved, _state(0), round=9)
+      checkpoint.restore(saved, _state(0), at_round=9)
     path.write_bytes(original)
   with warnings.catch_warnings():
     warnings.simplefilter("error")  # Intact again: no warning.
@@ -118,10 +118,10 @@ def test_truncated_missing_and_garbage_files_are_named(saved, tmp_path):
   data.write_bytes(data.read_bytes()[:10])
   with pytest.raises(checkpoint.CheckpointError,
                      match=f"'{data}' has 10 bytes"):
-    checkpoint.restore(saved, _state(0), round=9)
+    checkpoint.restore(saved, _state(0), at_round=9)
   data.unlink()
   with pytest.raises(checkpoint.CheckpointError, match=f"'{data}' is missing"):
-    checkpoint.restore(saved, _state(0), round=9)
+    checkpoint.restore(saved, _state(0), at_round=9)
   manifest = saved / "6" / checkpoint.MANIFEST
   manifest.write_bytes(b"\x00garbage\xff")
   with pytest.raises(checkpoint.CheckpointError) as e:
@@ -132,7 +132,7 @@ def test_truncated_missing_and_garbage_files_are_named(saved, tmp_path):
   manifest.unlink()  # As after a save that died before its manifest.
   with pytest.raises(checkpoint.CheckpointError,
                      match=f"'{saved / '6'}' has no {checkpoint.MANIFEST}"):
-    checkpoint.restore(saved, _state(0), round=6)
+    checkpoint.restore(saved, _state(0), at_round=6)
 
   extra = tmp_path / "other"
   checkpoint.save(extra, _state(1))
@@ -150,7 +150,7 @@ def test_truncated_missing_and_garbage_files_are_named(saved, tmp_path):
   with pytest.raises(FileNotFoundError, match="no checkpoint in"):
     checkpoint.restore(tmp_path / "nothing", _state(0))
   with pytest.raises(FileNotFoundError, match="no checkpoint of round 4"):
-    checkpoint.restore(extra, _state(0), round=4)
+    checkpoint.restore(extra, _state(0), at_round=4)
 
 
 @pytest.mark.parametrize("target, message", [
