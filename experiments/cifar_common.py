@@ -24,7 +24,7 @@ from prfl_jax.data import cifar as cifar_files
 from prfl_jax.data import datasets as datasets_lib
 
 DATASETS = ("cifar10", "cifar100", "fashion_mnist", "synthetic")
-MODELS = ("vgg16", "vgg8", "cnn")
+MODELS = ("vgg16", "vgg8", "cnn", "mlp")
 IMAGE_SIZE = 32  # Every data set is brought to CIFAR's [32, 32, 3].
 SYNTHETIC_NOTE = ("SYNTHETIC random class-template images (not CIFAR): a "
                   "plumbing check, not a result")
@@ -44,7 +44,8 @@ def add_options(p: argparse.ArgumentParser, *, dataset: str, model: str,
                  help="directory with the CIFAR binary files / archive (or "
                  "Fashion-MNIST IDX files)")
   p.add_argument("--model", type=cli.choices(MODELS, multiple=False),
-                 default=model, help="vgg16, vgg8 or cnn (a cheap CPU stand-in)")
+                 default=model, help="vgg16, vgg8, or the cheap CPU stand-ins cnn "
+                 "and mlp (one hidden layer of 200 / --width-divisor)")
   p.add_argument("--width-divisor", type=cli.positive_int, default=1,
                  help="divide every conv and hidden width by this (CPU runs)")
   p.add_argument("--image-size", type=cli.integer(minimum=4), default=32,
@@ -77,6 +78,8 @@ def num_classes_of(args) -> int:
 
 
 def _num_pools(model: str) -> int:
+  if model == "mlp":
+    return 0
   if model == "cnn":
     return 2
   return sum(v == "M" for v in prfl.models.VGG_CONFIGS[model])
@@ -194,6 +197,8 @@ def load_federation(args, *, task: str) -> prfl.data.Federation:
 def build_model(name: str, num_classes: int, width_divisor: int = 1):
   """A Flax model: the paper's VGG-16 / VGG-8 or the small CNN, narrowed."""
   div = lambda w: max(1, w // width_divisor)
+  if name == "mlp":
+    return prfl.models.MLP(features=(div(200), num_classes))
   if name == "cnn":
     return prfl.models.CNN(num_classes=num_classes, channels=(div(32), div(64)),
                            hidden=div(128))

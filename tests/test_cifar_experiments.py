@@ -3,8 +3,8 @@
 Mutations that these tests caught (each applied once, then restored):
 - `to_cifar_shape` padding (2, 2) -> (0, 4): `test_to_cifar_shape_pads_and_tiles`
   fails (the digit is no longer centred).
-- dropping the `private_label` task from `cifar10.run` (task "none"):
-  `test_cifar10_smoke_writes_every_output` fails on the federation description.
+- removing the repeated-value check of `cifar10.validate`:
+  `test_bad_options_exit_before_any_output[repeated quantile]` fails.
 - removing the `--image-size` pool check in `cifar_common.validate`:
   `test_bad_options_exit_before_any_output[vgg16 at 16 pixels]` fails (the run
   starts and writes config.json).
@@ -118,14 +118,14 @@ def test_cifar100_smoke_synthetic_plots(tmp_path):
     (cifar10, ["--rounds", "0"], "--rounds"),
     (cifar10, ["--rounds", "5", "--eval-every", "10"], "--eval-every"),
     (cifar10, ["--model", "vgg16", "--image-size", "16"], "--image-size"),
-    (cifar10, ["--dataset", "synthetic", "--data-dir", "."], "--data-dir"),
+    (cifar10, ["--data-dir", "."], "--data-dir"),
     (cifar10, ["--algorithms", "fc,knn"], "--algorithms"),
     (cifar10, ["--quantiles", "0.2,1.5"], "--quantiles"),
     (cifar10, ["--quantiles", "0.2,0.2"], "--quantiles"),
     (cifar10, ["--local-steps", "-1"], "--local-steps"),
     (cifar10, ["--train-per-client", "8", "--test-per-client", "2",
                "--batch-size", "16"], "--batch-size"),
-    (cifar100, ["--num-clusters", "3", "--smoke"], "--num-clusters"),
+    (cifar100, ["--num-clusters", "3"], "--num-clusters"),
     (cifar100, ["--data-dir", "/nonexistent/cifar"], "--data-dir"),
     (cifar100, ["--algorithms", "ditto"], "--algorithms"),
 ], ids=["rounds 0", "eval-every > rounds", "vgg16 at 16 pixels",
@@ -136,10 +136,13 @@ def test_cifar100_smoke_synthetic_plots(tmp_path):
 def test_bad_options_exit_before_any_output(tmp_path, capsys, module, argv,
                                             message):
   out = str(tmp_path / "out")
+  # --smoke: synthetic data, so that no other check (e.g. missing CIFAR files)
+  # fires first; explicit options win over its defaults.
   with pytest.raises(SystemExit) as e:
-    module.main(argv + ["--out", out])
+    module.main(argv + ["--smoke", "--out", out])
   assert e.value.code == 2
-  assert message in capsys.readouterr().err
+  error = capsys.readouterr().err.strip().splitlines()[-1]
+  assert "error:" in error and message in error, error
   assert not os.path.exists(os.path.join(out, "config.json"))
 
 
@@ -152,5 +155,6 @@ def test_cifar_without_data_names_the_option(tmp_path, capsys):
   for argv in (["--dataset", "cifar10"], ["--data-dir", empty]):
     with pytest.raises(SystemExit):
       cifar10.main(argv + ["--out", out])
-    assert "--data-dir" in capsys.readouterr().err
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "error:" in error and "--data-dir" in error, error
   assert not os.path.exists(os.path.join(out, "config.json"))
