@@ -9,6 +9,7 @@ run of one algorithm through `prfl.train`, and the output files.
 """
 
 import argparse
+import textwrap
 import time
 from typing import Callable, NamedTuple, Optional
 
@@ -311,7 +312,10 @@ def plot_panels(panels: list, path: str, title: str):
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.16),
               ncol=2, frameon=False)
-  fig.suptitle(title, fontsize=9)
+  lines = [textwrap.fill(line, width=60 * len(panels))
+           for line in title.splitlines()]
+  fig.suptitle("\n".join(lines), fontsize=8, y=1.0 + 0.045 * len(
+      "\n".join(lines).splitlines()))
   common.save_figure(fig, path)
   plt.close(fig)
 
