@@ -180,3 +180,77 @@ def test_bad_arguments_raise_before_compiling():
     prfl.threshold_clustering(z, v, radius=1.0, weights=jnp.ones(3))
   with pytest.raises(ValueError, match="method"):
     prfl.threshold_clustering(z, v, radius=1.0, method="fast")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_with_info_reports_last_step_radius_and_ball(method):
+  """`threshold_clustering_with_info` returns the radius and the ball of the
+  LAST step, by hand.
+
+  Points 0, 1, 10 (1-D). Centre A starts at 0 with the quantile rule q = 0.5:
+  step 1 distances 0, 1, 10 -> tau = 1, {0, 1} inside -> v = 1/3; step 2
+  distances 1/3, 2/3, 29/3 -> tau = 2/3, {0, 1} inside -> v = 4/9. With the
+  fixed radii [2, 0.5] and centres 0 and 10: A as in the module's first test
+  (tau = 2), B keeps only 10 inside (tau = 0.5).
+
+  Mutations seen to fail: the carry keeping the first step's radius
+  (`_DirectCarry(centers, inside, carry.tau)` / the Gram twin); `inside`
+  computed with `<` instead of `<=` (point 1 at distance exactly tau = 1
+  in step 1 leaves the ball, moving every later number).
+  """
+  z = jnp.array([[0.0], [1.0], [10.0]])
+  centers, info = prfl.threshold_clustering_with_info(
+      z, jnp.zeros((1, 1)), radius=prfl.quantile_radius(0.5), num_iters=2,
+      method=method)
+  np.testing.assert_allclose(centers, [[4.0 / 9.0]], rtol=1e-6)
+  np.testing.assert_allclose(info.radius, [2.0 / 3.0], rtol=1e-6)
+  np.testing.assert_array_equal(info.inside, [[True, True, False]])
+  centers, info = prfl.threshold_clustering_with_info(
+      z, jnp.array([[0.0], [10.0]]), radius=jnp.array([2.0, 0.5]),
+      num_iters=2, method=method)
+  np.testing.assert_allclose(centers, [[4.0 / 9.0], [10.0]], rtol=1e-6)
+  np.testing.assert_allclose(info.radius, [2.0, 0.5])
+  np.testing.assert_array_equal(info.inside, [[True, True, False],
+                                              [False, False, True]])
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_with_info_matches_numpy_last_step(method):
+  """Radius and ball of the last step equal the NumPy reference's."""
+  points, init = _data(7)
+  w = np.array([1, 1, 0, 2, 1, 1, 0, 1, 1, 3, 1, 1], np.float32)
+  _, info = prfl.threshold_clustering_with_info(
+      points, init, radius=prfl.quantile_radius(0.4), num_iters=5,
+      weights=jnp.asarray(w), method=method)
+  _, inside, tau = reference.threshold_clustering_info(
+      points, init, None, 5, weights=w, quantile=0.4)
+  np.testing.assert_allclose(info.radius, tau, rtol=1e-4)
+  np.testing.assert_array_equal(info.inside, inside)
+  assert 0 < inside.sum() < inside.size
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_cluster_and_assign_by_hand(method):
+  """Points 0, 1, 10, 11, 30, 5.05 (1-D), centres 0 and 10, radius 2, 1 step.
+
+  Centre 0: {0, 1} inside -> (0 + 1 + 4 * 0) / 6 = 1/6; centre 10: {10, 11}
+  inside -> (10 + 11 + 4 * 10) / 6 = 61/6. Nearest centres: 0, 0, 1, 1, 1,
+  and 5.05 -> 0 (4.88 vs 5.12; it would go to 1 by the initial centres).
+  With weights (2, 0, 1, 1, 0, 1), W = 5: centre 0 -> 0 (point 1 is absent),
+  centre 10 -> (2*10 + 10 + 11 + 10) / 5 = 10.2; 5.05 -> 0 (5.05 vs 5.15).
+
+  Mutations seen to fail: `assign` against the initial centres instead of
+  the clustered ones; `assigned` taken from the initial centres.
+  """
+  z = jnp.array([[0.0], [1.0], [10.0], [11.0], [30.0], [5.05]])
+  init = jnp.array([[0.0], [10.0]])
+  for weights, c0, c1 in [(None, 1 / 6, 61 / 6),
+                          (jnp.array([2.0, 0.0, 1.0, 1.0, 0.0, 1.0]), 0.0,
+                           10.2)]:
+    centers, assignment, assigned = prfl.cluster_and_assign(
+        z, init, radius=2.0, num_iters=1, method=method, weights=weights)
+    np.testing.assert_allclose(centers, [[c0], [c1]], rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(assignment, [0, 0, 1, 1, 1, 0])
+    assert assignment.dtype == jnp.int32
+    np.testing.assert_allclose(assigned[:, 0], [c0, c0, c1, c1, c1, c0],
+                               rtol=1e-6, atol=1e-7)
