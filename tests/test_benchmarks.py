@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import prfl_jax as prfl
+from benchmarks import bench_quantile
 from benchmarks import bench_round
 from benchmarks import bench_scale
 from benchmarks import common
@@ -93,3 +94,16 @@ def test_torch_loop_computes_prfls_centres():
   own = grads[np.arange(4), np.arange(4)]
   assert np.max(np.abs(prfl_centres - own)) > 1e-3 * scale
   assert np.max(np.abs(prfl_centres - grads.mean(1))) > 1e-3 * scale
+
+
+def test_bench_quantile_paths_agree(tmp_path):
+  """Both quantile paths (rank counting, sort) give the same balls and
+  centres, and the benchmark writes its rows."""
+  out = tmp_path / "quantile.json"
+  assert bench_quantile.main([
+      "--clients", "8", "--configs", "3", "--models", "2", "--repeats", "1",
+      "--sweep-rounds", "2", "--out", str(out)]) == 0
+  rows = json.loads(out.read_text())["rows"]
+  assert [r["case"] for r in rows] == ["kernel", "sweep"]
+  assert rows[0]["same_ball"] and rows[0]["max_abs_diff"] == 0.0
+  assert all(r["rank_s"] > 0 and r["sort_s"] > 0 for r in rows)
