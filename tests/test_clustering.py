@@ -254,3 +254,42 @@ def test_cluster_and_assign_by_hand(method):
     assert assignment.dtype == jnp.int32
     np.testing.assert_allclose(assigned[:, 0], [c0, c0, c1, c1, c1, c0],
                                rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("n", [3, 600])  # Rank counting and sorting paths.
+def test_quantile_of_a_single_present_value_is_that_value(n):
+  """With one present value every quantile is that value (np.quantile of
+  one number), not +inf from an absent neighbour nor the empty-set 0.
+
+  Mutations seen to fail: `jnp.maximum(count - 1, 0)` -> `(count - 1, 1)`
+  (rank q instead of 0: the absent +inf is interpolated in), `count > 0` ->
+  `count > 1` (one value treated as none).
+  """
+  values = jnp.arange(n, dtype=jnp.float32) + 2.0
+  present = jnp.zeros((n,), bool).at[1].set(True)
+  for q in (0.0, 0.3, 0.5, 1.0):
+    np.testing.assert_allclose(prfl.masked_quantile(values, present, q), 3.0)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_weights_only_matter_up_to_scale(method):
+  """Algorithm 2 divides by W = sum(w): weights summing to 0.012 give the
+  centres of the same weights times 1000 (and of the NumPy reference).
+
+  Mutation seen to fail: the normaliser `where(total > 0, total, 1.0)` ->
+  `where(total > 1, total, 1.0)` (a total below 1 left unnormalised).
+  """
+  points, init = _data(8)
+  w = np.array([1, 0, 2, 1, 0, 1, 1, 3, 0, 1, 1, 1], np.float32)
+  for rule, kw in [(2.0, {"radius": 2.0}),
+                   (prfl.quantile_radius(0.5), {"radius": None,
+                                                "quantile": 0.5})]:
+    small = prfl.threshold_clustering(points, init, radius=rule, num_iters=4,
+                                      weights=jnp.asarray(w * 1e-3),
+                                      method=method)
+    large = prfl.threshold_clustering(points, init, radius=rule, num_iters=4,
+                                      weights=jnp.asarray(w), method=method)
+    np.testing.assert_allclose(small, large, rtol=1e-5, atol=1e-5)
+    ref = reference.threshold_clustering(points, init, num_iters=4,
+                                         weights=w, **kw)
+    np.testing.assert_allclose(small, ref, rtol=1e-4, atol=1e-4)

@@ -495,3 +495,14 @@ def test_local_steps_with_groups_match_numpy(chunk):
       ref = ref - 0.4 * (ref - c)
     assert float(metrics["clustered"]) == float(t % 2 == 0)
     np.testing.assert_allclose(state.params, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_one_group_keeps_the_client_order():
+  """`num_groups=1` is the identity partition (no shuffle), as documented.
+
+  Mutation seen to fail: `num_groups == 1` -> `!= 1` in `random_groups`.
+  """
+  groups = random_groups(jax.random.key(0), 6, 1)
+  np.testing.assert_array_equal(groups.index, [np.arange(6)])
+  np.testing.assert_array_equal(groups.slot, np.arange(6))
+  np.testing.assert_array_equal(groups.weight, np.ones((1, 6)))
