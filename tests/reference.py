@@ -18,6 +18,18 @@ def threshold_clustering(points, init, radius, num_iters, weights=None,
   Returns:
     [K, P] centres.
   """
+  return threshold_clustering_info(points, init, radius, num_iters, weights,
+                                   quantile)[0]
+
+
+def threshold_clustering_info(points, init, radius, num_iters, weights=None,
+                              quantile=None):
+  """`threshold_clustering` that also returns what its last step saw.
+
+  Returns:
+    `(centres [K, P], inside [K, N] bool, tau [K])`: the points inside each
+    centre's ball at the last step and the radius that step used.
+  """
   points = np.asarray(points, np.float64)
   v = np.array(init, np.float64)
   n, k = points.shape[0], v.shape[0]
@@ -27,6 +39,8 @@ def threshold_clustering(points, init, radius, num_iters, weights=None,
   radius = np.broadcast_to(np.asarray(radius if radius is not None else 0.0,
                                       np.float64), (k,))
   present = w > 0
+  inside = np.zeros((k, n), bool)
+  taus = np.zeros(k)
   for _ in range(num_iters):
     for c in range(k):
       d = np.full(n, np.inf)
@@ -37,10 +51,11 @@ def threshold_clustering(points, init, radius, num_iters, weights=None,
         tau = radius[c]
       new = np.zeros_like(v[c])
       for i in range(n):
-        inside = present[i] and finite[i] and d[i] <= tau
-        new += w[i] * (points[i] if inside else v[c])
+        inside[c, i] = present[i] and finite[i] and d[i] <= tau
+        new += w[i] * (points[i] if inside[c, i] else v[c])
       v[c] = new / total
-  return v
+      taus[c] = tau
+  return v, inside, taus
 
 
 def quantile_linear(values, q):

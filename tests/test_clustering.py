@@ -373,3 +373,116 @@ def test_low_default_precision_does_not_reach_clustering(method):
   ref = reference.threshold_clustering(points, init, None, 8, weights=w,
                                        quantile=0.3)
   np.testing.assert_allclose(out, ref, **tolerances.LIBRARY)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_with_info_reports_last_step_radius_and_ball(method):
+  """`threshold_clustering_with_info` returns the radius and the ball of the
+  LAST step, by hand.
+
+  Points 0, 1, 10 (1-D). Centre A starts at 0 with the quantile rule q = 0.5:
+  step 1 distances 0, 1, 10 -> tau = 1, {0, 1} inside -> v = 1/3; step 2
+  distances 1/3, 2/3, 29/3 -> tau = 2/3, {0, 1} inside -> v = 4/9. With the
+  fixed radii [2, 0.5] and centres 0 and 10: A as in the module's first test
+  (tau = 2), B keeps only 10 inside (tau = 0.5).
+
+  Mutations seen to fail: the carry keeping the first step's radius
+  (`_DirectCarry(centers, inside, carry.tau)` / the Gram twin); `inside`
+  computed with `<` instead of `<=` (point 1 at distance exactly tau = 1
+  in step 1 leaves the ball, moving every later number).
+  """
+  z = jnp.array([[0.0], [1.0], [10.0]])
+  centers, info = prfl.threshold_clustering_with_info(
+      z, jnp.zeros((1, 1)), radius=prfl.quantile_radius(0.5), num_iters=2,
+      method=method)
+  np.testing.assert_allclose(centers, [[4.0 / 9.0]], rtol=1e-6)
+  np.testing.assert_allclose(info.radius, [2.0 / 3.0], rtol=1e-6)
+  np.testing.assert_array_equal(info.inside, [[True, True, False]])
+  centers, info = prfl.threshold_clustering_with_info(
+      z, jnp.array([[0.0], [10.0]]), radius=jnp.array([2.0, 0.5]),
+      num_iters=2, method=method)
+  np.testing.assert_allclose(centers, [[4.0 / 9.0], [10.0]], rtol=1e-6)
+  np.testing.assert_allclose(info.radius, [2.0, 0.5])
+  np.testing.assert_array_equal(info.inside, [[True, True, False],
+                                              [False, False, True]])
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_with_info_matches_numpy_last_step(method):
+  """Radius and ball of the last step equal the NumPy reference's."""
+  points, init = _data(7)
+  w = np.array([1, 1, 0, 2, 1, 1, 0, 1, 1, 3, 1, 1], np.float32)
+  _, info = prfl.threshold_clustering_with_info(
+      points, init, radius=prfl.quantile_radius(0.4), num_iters=5,
+      weights=jnp.asarray(w), method=method)
+  _, inside, tau = reference.threshold_clustering_info(
+      points, init, None, 5, weights=w, quantile=0.4)
+  np.testing.assert_allclose(info.radius, tau, rtol=1e-4)
+  np.testing.assert_array_equal(info.inside, inside)
+  assert 0 < inside.sum() < inside.size
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_cluster_and_assign_by_hand(method):
+  """Points 0, 1, 10, 11, 30, 5.05 (1-D), centres 0 and 10, radius 2, 1 step.
+
+  Centre 0: {0, 1} inside -> (0 + 1 + 4 * 0) / 6 = 1/6; centre 10: {10, 11}
+  inside -> (10 + 11 + 4 * 10) / 6 = 61/6. Nearest centres: 0, 0, 1, 1, 1,
+  and 5.05 -> 0 (4.88 vs 5.12; it would go to 1 by the initial centres).
+  With weights (2, 0, 1, 1, 0, 1), W = 5: centre 0 -> 0 (point 1 is absent),
+  centre 10 -> (2*10 + 10 + 11 + 10) / 5 = 10.2; 5.05 -> 0 (5.05 vs 5.15).
+
+  Mutations seen to fail: `assign` against the initial centres instead of
+  the clustered ones; `assigned` taken from the initial centres.
+  """
+  z = jnp.array([[0.0], [1.0], [10.0], [11.0], [30.0], [5.05]])
+  init = jnp.array([[0.0], [10.0]])
+  for weights, c0, c1 in [(None, 1 / 6, 61 / 6),
+                          (jnp.array([2.0, 0.0, 1.0, 1.0, 0.0, 1.0]), 0.0,
+                           10.2)]:
+    centers, assignment, assigned = prfl.cluster_and_assign(
+        z, init, radius=2.0, num_iters=1, method=method, weights=weights)
+    np.testing.assert_allclose(centers, [[c0], [c1]], rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(assignment, [0, 0, 1, 1, 1, 0])
+    assert assignment.dtype == jnp.int32
+    np.testing.assert_allclose(assigned[:, 0], [c0, c0, c1, c1, c1, c0],
+                               rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("n", [3, 600])  # Rank counting and sorting paths.
+def test_quantile_of_a_single_present_value_is_that_value(n):
+  """With one present value every quantile is that value (np.quantile of
+  one number), not +inf from an absent neighbour nor the empty-set 0.
+
+  Mutations seen to fail: `jnp.maximum(count - 1, 0)` -> `(count - 1, 1)`
+  (rank q instead of 0: the absent +inf is interpolated in), `count > 0` ->
+  `count > 1` (one value treated as none).
+  """
+  values = jnp.arange(n, dtype=jnp.float32) + 2.0
+  present = jnp.zeros((n,), bool).at[1].set(True)
+  for q in (0.0, 0.3, 0.5, 1.0):
+    np.testing.assert_allclose(prfl.masked_quantile(values, present, q), 3.0)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_weights_only_matter_up_to_scale(method):
+  """Algorithm 2 divides by W = sum(w): weights summing to 0.012 give the
+  centres of the same weights times 1000 (and of the NumPy reference).
+
+  Mutation seen to fail: the normaliser `where(total > 0, total, 1.0)` ->
+  `where(total > 1, total, 1.0)` (a total below 1 left unnormalised).
+  """
+  points, init = _data(8)
+  w = np.array([1, 0, 2, 1, 0, 1, 1, 3, 0, 1, 1, 1], np.float32)
+  for rule, kw in [(2.0, {"radius": 2.0}),
+                   (prfl.quantile_radius(0.5), {"radius": None,
+                                                "quantile": 0.5})]:
+    small = prfl.threshold_clustering(points, init, radius=rule, num_iters=4,
+                                      weights=jnp.asarray(w * 1e-3),
+                                      method=method)
+    large = prfl.threshold_clustering(points, init, radius=rule, num_iters=4,
+                                      weights=jnp.asarray(w), method=method)
+    np.testing.assert_allclose(small, large, rtol=1e-5, atol=1e-5)
+    ref = reference.threshold_clustering(points, init, num_iters=4,
+                                         weights=w, **kw)
+    np.testing.assert_allclose(small, ref, rtol=1e-4, atol=1e-4)

@@ -14,6 +14,11 @@ from tests import reference
 ETA = 0.1
 
 
+def plan(chunk_size=1, kernel="auto"):
+  """The execution-plan keyword of a factory (one place to rename)."""
+  return {"schedule": prfl.Schedule(chunk_size, kernel)}
+
+
 def example1_loss(x, batch):
   """Section 2, Example 1: f1, f2, f3 selected by the client index."""
   c = batch[0]
@@ -178,25 +183,102 @@ def test_local_steps_alternate_with_clustering():
   np.testing.assert_allclose(s1.params, s2.params)
 
 
-@pytest.mark.parametrize("attack", [
-    prfl.attacks.non_finite(float("nan")), prfl.attacks.non_finite(float("inf")),
-    prfl.attacks.large(1e6), prfl.attacks.gaussian(1e3),
-    prfl.attacks.bit_flip(), prfl.attacks.alie(), prfl.attacks.ipm(),
-    prfl.attacks.mimic()])
-def test_byzantine_clients_keep_benign_models_finite(attack):
+def _byzantine_federation():
+  """Two clusters of 4 clients; clients 3 and 7 are Byzantine.
+
+  Targets (f_j(x) = 0.5 ||x - c_j||^2): cluster A = clients 0-3 near 0,
+  cluster B = clients 4-7 near 5 (+0.01 noise). The Byzantine clients' honest
+  targets sit 0.4 off their cluster (first coordinate), so had they been
+  honest (the attack switched off) they would sit inside the balls and pull
+  their cluster's models by 0.1.
+  """
   rng = np.random.default_rng(2)
-  c = np.concatenate([np.zeros((4, 2)), 5 + np.zeros((4, 2))]).astype(
-      np.float32) + 0.01 * rng.normal(size=(8, 2)).astype(np.float32)
-  byz = jnp.array([False, False, False, True, False, False, False, True])
+  c = np.concatenate([np.zeros((4, 2)), np.full((4, 2), 5.0)])
+  c += 0.01 * rng.normal(size=(8, 2))
+  c[[3, 7], 0] += 0.4
+  byz = np.zeros(8, bool)
+  byz[[3, 7]] = True
+  return c.astype(np.float32), byz
+
+
+def _fixed_point(c, kind):
+  """Hand-derived end point of every benign model (rows 0-2, 4-6).
+
+  With radius 1, FC's estimate at x_i converges to the mean of the messages
+  inside x_i's ball, so x_i stops where those messages sum to 0:
+  * "benign": no Byzantine message gets into a ball -> the benign mean of the
+    client's cluster.
+  * "bit_flip": the Byzantine member's negated gradient c_b - x stays in its
+    own cluster's ball: sum_benign (x - c_j) + (c_b - x) = 0.
+  * "ipm": both messages -0.1 * (x - mean of the 6 benign targets) stay in
+    every ball: sum_benign (x - c_j) - 0.2 (x - c_mean) = 0.
+  * "mimic": both copy client 0's message x - c_0, inside A's balls only.
+  """
+  c = c.astype(np.float64)
+  out = np.zeros((8, 2))
+  for members, bad in (([0, 1, 2], 3), ([4, 5, 6], 7)):
+    s = c[members].sum(0)
+    if kind == "benign":
+      x = s / 3
+    elif kind == "bit_flip":
+      x = (s - c[bad]) / 2
+    elif kind == "ipm":
+      x = (s - 0.2 * c[[0, 1, 2, 4, 5, 6]].mean(0)) / 2.8
+    elif kind == "mimic":
+      x = (s + 2 * c[0]) / 5 if bad == 3 else s / 3
+    out[members] = x
+  return out
+
+
+# attack, hand-derived end point, share of Byzantine messages inside a benign
+# client's ball (a benign mean over clients of #Byzantine inside / 8).
+BYZANTINE_CASES = {
+    "nan": (prfl.attacks.non_finite(float("nan")), "benign", 0.0),
+    "inf": (prfl.attacks.non_finite(float("inf")), "benign", 0.0),
+    "large": (prfl.attacks.large(1e6), "benign", 0.0),
+    "gaussian": (prfl.attacks.gaussian(1e3), "benign", 0.0),
+    "alie": (prfl.attacks.alie(), "benign", 0.0),
+    "bit_flip": (prfl.attacks.bit_flip(), "bit_flip", 1 / 8),
+    "ipm": (prfl.attacks.ipm(), "ipm", 2 / 8),
+    "mimic": (prfl.attacks.mimic(), "mimic", (3 * 2 / 8) / 6),
+}
+
+
+@pytest.mark.parametrize("name", list(BYZANTINE_CASES))
+def test_byzantine_attack_cannot_pull_benign_models(name):
+  """Benign models end at the hand-derived point the attack allows.
+
+  For the attacks whose messages stay out of every ball (NaN, Inf, large,
+  Gaussian, ALIE) that is the cluster's benign optimum and no Byzantine
+  message is ever inside a benign ball; bit-flip, IPM and mimic messages get
+  in and move the models by at most 0.25 (see `_fixed_point`).
+
+  Mutations seen to fail every case: the radius forced to infinity in
+  `clustering._inside` (plain averaging: all models go to ~2.5), and the
+  attack switched off (`attack=None` in `federated_clustering`'s
+  `clustered_update` call: the honest Byzantine clients pull by 0.1 and are
+  inside the balls).
+  """
+  attack, kind, byz_share = BYZANTINE_CASES[name]
+  c, byz = _byzantine_federation()
   alg = prfl.algorithms.federated_clustering(
       shifted_quadratic, optax.sgd(0.5), radius=1.0, attack=attack)
-  state = alg.init(jnp.zeros((8, 2)), byzantine=byz)
+  state = alg.init(jnp.zeros((8, 2)), byzantine=jnp.asarray(byz))
   step = jax.jit(alg.step)
-  for t in range(30):
+  in_ball = []
+  for t in range(40):
     state, metrics = step(state, jnp.asarray(c)[:, None], jax.random.key(t))
-  params = np.asarray(state.params)[~np.asarray(byz)]
-  assert np.all(np.isfinite(params))
-  assert np.isfinite(float(metrics["loss"]))
+    in_ball.append(float(metrics["byzantine_in_ball"]))
+  benign = ~byz
+  np.testing.assert_allclose(np.asarray(state.params)[benign],
+                             _fixed_point(c, kind)[benign], atol=2e-3)
+  if byz_share == 0.0:
+    assert max(in_ball) == 0.0
+  np.testing.assert_allclose(in_ball[-1], byz_share, rtol=1e-6)
+  np.testing.assert_allclose(
+      float(metrics["loss"]),
+      np.mean(0.5 * np.sum((_fixed_point(c, kind) - c)[benign] ** 2, 1)),
+      rtol=0.05, atol=1e-5)
 
 
 def test_large_gradient_attack_never_enters_the_ball():
@@ -260,3 +342,167 @@ def test_bad_arguments():
   with pytest.raises(ValueError, match="leading axes must match"):
     alg.step(alg.init(jnp.zeros((4, 2))), jnp.zeros((3, 1, 2)),
              jax.random.key(0))
+
+
+def _np_group_round(x, c, byz, index, weight, lr, radius, q, num_iters):
+  """One FC round with groups, in NumPy: per group, per member, Algorithm 2
+  on the members' gradients `x_i - c_j` from `x_i - c_i`.
+
+  Returns:
+    `(new x, metrics)` with the metrics FC reports (benign means).
+  """
+  n = x.shape[0]
+  new = x.copy()
+  loss, norm, upd, ball, byz_in = (np.zeros(n) for _ in range(5))
+  for row, w in zip(index, weight):
+    members = row[w > 0]
+    for pos, i in enumerate(members):
+      grads = x[i][None] - c[members]
+      v, inside, _ = reference.threshold_clustering_info(
+          grads, grads[pos][None], radius, num_iters, quantile=q)
+      new[i] = x[i] - lr * v[0]
+      loss[i] = 0.5 * np.sum((x[i] - c[i]) ** 2)
+      norm[i] = np.linalg.norm(x[i] - c[i])
+      upd[i] = np.linalg.norm(v[0])
+      ball[i] = inside[0].sum() / len(members)
+      byz_in[i] = (inside[0] & byz[members]).sum() / len(members)
+  ok = ~byz
+  metrics = {"loss": loss[ok].mean(), "grad_norm": norm[ok].mean(),
+             "update_norm": upd[ok].mean(), "ball_fraction": ball[ok].mean(),
+             "byzantine_in_ball": byz_in[ok].mean()}
+  return new, metrics
+
+
+def _group_problem(n=7, p=3, seed=4):
+  rng = np.random.default_rng(seed)
+  c = (2 * rng.normal(size=(n, p))).astype(np.float32)
+  x = rng.normal(size=(n, p)).astype(np.float32)
+  byz = np.zeros(n, bool)
+  byz[[1, 5]] = True  # Honest (no attack), but left out of the metrics.
+  return c, x, byz
+
+
+GROUP_PLANS = [(None, "gram"), (None, "direct"), (1, "gram"), (2, "direct")]
+
+
+@pytest.mark.parametrize("radius", [4.0, "quantile"])
+@pytest.mark.parametrize("chunk, kernel", GROUP_PLANS)
+def test_groups_match_numpy_under_every_plan(chunk, kernel, radius):
+  """FC with 3 groups (N = 7: slots 3 + 3 + 3, two of them padding) equals a
+  NumPy loop over groups and members, params and every metric, under the
+  full vmap (`chunk_size=None`) and chunked plans.
+
+  The quantile q = 0.7 on groups of 3 puts the rank at 1.4 (2.1 with the
+  wrong `q * count`), so the ball holds 2 of 3 gradients (all 3 with the
+  wrong rank formula).
+  Mutations seen to fail: group results written back in reverse group order
+  (full vmap: `groups.index[::-1].ravel()`; chunked: rows reversed in the
+  scan's `put`); stats left in slot order (`_to_client_order` without
+  `[groups.slot]`); `group_of = groups.slot % S`; the group size counting
+  padding (`gsize = slot_w.shape[1]`); the quantile's `q * count`.
+  """
+  c, x, byz = _group_problem()
+  q = 0.7 if radius == "quantile" else None
+  rule = prfl.quantile_radius(q) if q is not None else radius
+  alg = prfl.algorithms.federated_clustering(
+      shifted_quadratic, optax.sgd(0.3), radius=rule, num_iters=4,
+      num_groups=3, **plan(chunk, kernel))
+  state = alg.init(jnp.asarray(x), byzantine=jnp.asarray(byz))
+  step = jax.jit(alg.step)
+  ref = x.astype(np.float64)
+  seen = []
+  for t in range(2):
+    key = jax.random.key(t)
+    state, metrics = step(state, jnp.asarray(c)[:, None], key)
+    groups = random_groups(jax.random.split(key)[0], 7, 3)
+    ref, ref_metrics = _np_group_round(
+        ref, c.astype(np.float64), byz, np.asarray(groups.index),
+        np.asarray(groups.weight), 0.3, radius if q is None else None, q, 4)
+    np.testing.assert_allclose(state.params, ref, rtol=1e-4, atol=1e-5)
+    for name, value in ref_metrics.items():
+      np.testing.assert_allclose(metrics[name], value, rtol=1e-4, atol=1e-6,
+                                 err_msg=name)
+    seen.append(ref_metrics)
+  # The balls must be neither everything nor only the owner, and hold a
+  # Byzantine (honest here) client at least once.
+  assert all(1 / 3 < m["ball_fraction"] < 1.0 for m in seen)
+  assert max(m["byzantine_in_ball"] for m in seen) > 0
+
+
+def test_full_vmap_groups_equal_chunked_groups():
+  """`chunk_size=None` and chunked plans give the same round with groups
+  (a 2-layer MLP, several leaves, 4 groups of N = 10 with padding).
+
+  Mutation seen to fail: the full vmap writing its rows back in reverse group
+  order (`groups.index[::-1].ravel()`).
+  """
+  n, b, din, dh, dout = 10, 3, 4, 5, 3
+
+  def loss(p, batch):
+    xb, yb = batch
+    logits = jnp.tanh(xb @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
+    return -jnp.mean(jnp.sum(jax.nn.log_softmax(logits) *
+                             jax.nn.one_hot(yb, dout), -1))
+
+  rng = np.random.default_rng(7)
+  f32 = lambda *shape: rng.normal(size=shape).astype(np.float32)
+  params = {"w1": f32(n, din, dh), "b1": f32(n, dh), "w2": f32(n, dh, dout),
+            "b2": f32(n, dout)}
+  batch = (f32(n, b, din), rng.integers(0, dout, (n, b)).astype(np.int32))
+  out = []
+  for chunk in (None, 1, 3):
+    alg = prfl.algorithms.federated_clustering(
+        loss, optax.sgd(0.5), radius=prfl.quantile_radius(0.5), num_iters=3,
+        num_groups=4, **plan(chunk, "gram"))
+    state = alg.init(params)
+    step = jax.jit(alg.step)
+    for t in range(2):
+      state, metrics = step(state, batch, jax.random.key(t))
+    out.append((state.params, metrics))
+  for params_c, metrics_c in out[1:]:
+    jax.tree.map(lambda a, r: np.testing.assert_allclose(
+        a, r, rtol=1e-5, atol=1e-6), params_c, out[0][0])
+    for name in metrics_c:
+      np.testing.assert_allclose(metrics_c[name], out[0][1][name], rtol=1e-5)
+
+
+@pytest.mark.parametrize("chunk", [None, 1])
+def test_local_steps_with_groups_match_numpy(chunk):
+  """`local_steps=1` with 2 groups: rounds 0 and 2 cluster within the round's
+  groups, rounds 1 and 3 take a plain local step, as in a NumPy loop.
+
+  Mutations seen to fail: the full-vmap / chunked write-back in reverse
+  group order; local rounds stepping with the group slot's gradient instead
+  of the client's own (`gbatch` taken at `jnp.roll(index, 1)`).
+  """
+  c, x, byz = _group_problem(n=6, p=2, seed=5)
+  byz[:] = False
+  alg = prfl.algorithms.federated_clustering(
+      shifted_quadratic, optax.sgd(0.4), radius=2.0, num_iters=3,
+      num_groups=2, local_steps=1, **plan(chunk, "gram"))
+  state = alg.init(jnp.asarray(x))
+  step = jax.jit(alg.step)
+  ref = x.astype(np.float64)
+  for t in range(4):
+    key = jax.random.key(20 + t)
+    state, metrics = step(state, jnp.asarray(c)[:, None], key)
+    if t % 2 == 0:
+      groups = random_groups(jax.random.split(key)[0], 6, 2)
+      ref, _ = _np_group_round(ref, c.astype(np.float64), byz,
+                               np.asarray(groups.index),
+                               np.asarray(groups.weight), 0.4, 2.0, None, 3)
+    else:
+      ref = ref - 0.4 * (ref - c)
+    assert float(metrics["clustered"]) == float(t % 2 == 0)
+    np.testing.assert_allclose(state.params, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_one_group_keeps_the_client_order():
+  """`num_groups=1` is the identity partition (no shuffle), as documented.
+
+  Mutation seen to fail: `num_groups == 1` -> `!= 1` in `random_groups`.
+  """
+  groups = random_groups(jax.random.key(0), 6, 1)
+  np.testing.assert_array_equal(groups.index, [np.arange(6)])
+  np.testing.assert_array_equal(groups.slot, np.arange(6))
+  np.testing.assert_array_equal(groups.weight, np.ones((1, 6)))

@@ -12,6 +12,12 @@ from prfl_jax import gradients
 from prfl_jax import models
 
 N, B = 7, 4
+
+
+def plan(chunk_size=1, kernel="auto"):
+  """The execution-plan keyword of a factory (one place to rename)."""
+  return {"schedule": prfl.Schedule(chunk_size, kernel)}
+
 SIZES = (6, 9, 5, 3)  # Three dense layers; only the first sees the data.
 
 
@@ -206,3 +212,75 @@ def test_auto_kernel_picks_ghost_only_where_it_applies():
       loss, params, batch, radius=1.0, num_iters=2, message_fn=flip,
       key=jax.random.PRNGKey(0), schedule=prfl.Schedule(1, "gram"))
   jax.tree.map(np.testing.assert_array_equal, out.centers, ref.centers)
+
+
+def _median_pair_distance(loss, params, batch):
+  """Median over models i and clients j != i of ||g_j(x_i) - g_i(x_i)||."""
+  grads = jax.vmap(jax.vmap(jax.grad(loss), (None, 0)), (0, None))(params,
+                                                                   batch)
+  n = jax.tree.leaves(batch)[0].shape[0]
+  flat = np.concatenate([np.asarray(g, np.float64).reshape(n, n, -1)
+                         for g in jax.tree.leaves(grads)], axis=2)
+  own = flat[np.arange(n), np.arange(n)]
+  dist = np.linalg.norm(flat - own[:, None], axis=2)
+  return float(np.median(dist[~np.eye(n, dtype=bool)]))
+
+
+def _fc_rounds(loss, params, batch, radius, chunk, kernel, rounds=2):
+  alg = prfl.algorithms.federated_clustering(
+      loss, optax.sgd(0.2), radius=radius, num_iters=4,
+      **plan(chunk, kernel))
+  state = alg.init(params)
+  step = jax.jit(alg.step)
+  fractions = []
+  for r in range(rounds):
+    state, metrics = step(state, batch, jax.random.PRNGKey(r))
+    fractions.append(float(metrics["ball_fraction"]))
+  return state.params, fractions
+
+
+@pytest.mark.parametrize("chunk", [None, 3])
+def test_fixed_radius_ghost_rounds_match_gram(chunk):
+  """A fixed radius on the ghost path: FC's rounds equal the Gram kernel's.
+
+  A quantile radius ignores a uniform shift of the distances; a fixed one
+  does not. Mutation seen to fail: dropping `+ G_ii` when `ghost.centred`
+  centres the Gram matrix (every squared distance shrinks by ||g_i||^2, so
+  more clients fall inside the balls).
+  """
+  loss, params, batch = _problem(seed=3)
+  radius = _median_pair_distance(loss, params, batch)
+  out, fractions = _fc_rounds(loss, params, batch, radius, chunk, "ghost")
+  ref, ref_fractions = _fc_rounds(loss, params, batch, radius, 1, "gram")
+  jax.tree.map(lambda a, r: np.testing.assert_allclose(a, r, rtol=1e-4,
+                                                       atol=1e-6), out, ref)
+  np.testing.assert_allclose(fractions, ref_fractions, rtol=1e-6)
+  assert all(1 / N < f < 1 for f in ref_fractions)  # Balls that decide.
+
+
+def test_split_block_gram_above_256_rows_with_fixed_radius():
+  """N * B = 9 * 32 = 288 rows > `_MIN_SPLIT_ROWS`: the ghost kernel's
+  symmetric split (not monkeypatched) gives FC the Gram kernel's rounds with
+  a fixed radius.
+
+  Mutations seen to fail: the lower-left block of the split written as zeros
+  instead of `off.T`; dropping `+ G_ii` in `ghost.centred`.
+  """
+  n, b, sizes = 9, 32, (6, 5, 3)
+  keys = jax.random.split(jax.random.PRNGKey(4), n)
+  params = jax.vmap(lambda k: models.mlp_init(k, sizes))(keys)
+  rng = np.random.default_rng(4)
+  x = rng.normal(size=(n, b, sizes[0])).astype(np.float32)
+  y = np.where(np.arange(n)[:, None] < 5, x[..., 0] > 0,
+               2 * (x[..., 1] > 0)).astype(np.int32)
+  batch = (jnp.asarray(x), jnp.asarray(y))
+  mlp = models.mlp_classifier_loss(2)
+  loss = ghost.GhostLoss(mlp.fn, mlp.layers, always=True)
+  assert n * b > ghost._MIN_SPLIT_ROWS
+  radius = _median_pair_distance(loss, params, batch)
+  out, fractions = _fc_rounds(loss, params, batch, radius, None, "ghost")
+  ref, ref_fractions = _fc_rounds(loss, params, batch, radius, 1, "gram")
+  jax.tree.map(lambda a, r: np.testing.assert_allclose(a, r, rtol=1e-4,
+                                                       atol=1e-6), out, ref)
+  np.testing.assert_allclose(fractions, ref_fractions, rtol=1e-6)
+  assert all(1 / n < f < 1 for f in ref_fractions)

@@ -89,3 +89,41 @@ def test_bad_arguments():
   with pytest.raises(ValueError, match="radius"):
     prfl.algorithms.momentum_clustering(shifted_quadratic, optax.sgd(0.1),
                                         num_clusters=2, radius=jnp.ones(3))
+
+
+def test_gram_method_gives_the_hand_computed_rounds():
+  """`method="gram"` runs Momentum-Clustering's server clustering through
+  the Gram kernel (K centres carried across rounds, none of them a point):
+  the same two hand-computed rounds as `test_momentum_and_carried_centres`,
+  and the same 6 rounds as `method="direct"` on a noisy federation.
+
+  Mutation seen to fail: the Gram kernel's step without the `keep` factor
+  (`carry.coefs + step` in `clustering.gram_clustering_coefs`).
+  """
+  alg = prfl.algorithms.momentum_clustering(
+      shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=3.0,
+      num_iters=1, alpha=0.5, method="gram")
+  state = alg.init(jnp.zeros((4, 1)))
+  state, _ = alg.step(state, C[:, None], jax.random.key(0))
+  np.testing.assert_allclose(state.params[:, 0], [0, 0, 0.5, 0.5], atol=1e-6)
+  state, _ = alg.step(state, C[:, None], jax.random.key(1))
+  np.testing.assert_allclose(state.params[:, 0], [0, 0, 1.1125, 1.1125],
+                             atol=1e-6)
+  rng = np.random.default_rng(1)
+  c = jnp.asarray(np.concatenate([np.zeros((4, 3)), np.full((4, 3), 3.0)]) +
+                  0.3 * rng.normal(size=(8, 3)), jnp.float32)[:, None]
+  states = []
+  for method in ("direct", "gram"):
+    alg = prfl.algorithms.momentum_clustering(
+        shifted_quadratic, optax.sgd(0.3), num_clusters=2, radius=1.0,
+        num_iters=3, alpha=0.5, method=method)
+    state = alg.init(jnp.zeros((8, 3)))
+    step = jax.jit(alg.step)
+    for t in range(6):
+      state, _ = step(state, c, jax.random.key(t))
+    states.append(state)
+  np.testing.assert_allclose(states[1].params, states[0].params, rtol=1e-5,
+                             atol=1e-6)
+  np.testing.assert_allclose(states[1].centers, states[0].centers, rtol=1e-5,
+                             atol=1e-6)
+  np.testing.assert_array_equal(states[1].assignment, states[0].assignment)

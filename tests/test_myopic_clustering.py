@@ -105,3 +105,36 @@ def test_bad_types_and_too_many_clusters():
                           radius=1.0)
   with pytest.raises(ValueError, match="num_clusters"):
     alg.init(jnp.zeros(3))
+
+
+def test_separation_decides_how_many_centres_open():
+  """Gradients -0.1, -0.2, -0.3 at x = 0 and radius 0.05 (each ball holds
+  one gradient).
+
+  * default separation (= the radius, 0.05): farthest-first opens 2 centres,
+    so two clusters receive clients;
+  * separation 0.5: no gradient is more than 0.5 from the first centre, so
+    one cluster opens and every client steps with the first centre's
+    gradient (its ball holds only itself): all models equal;
+  * separation 0.5 with a per-centre radius array (whose default separation
+    would be 0): the same single cluster.
+
+  Mutation seen to fail: `myopic_clustering` ignoring an explicit
+  `separation` (always using the radius).
+  """
+  batch = jnp.array([[0.1], [0.2], [0.3]])
+  for seed in range(3):
+    key = jax.random.PRNGKey(seed)
+    alg = myopic_clustering(quadratic, optax.sgd(1.0), num_clusters=2,
+                            radius=0.05)
+    state, metrics = alg.step(alg.init(jnp.zeros(3)), batch, key)
+    assert metrics["num_clusters"] == 2
+    assert len(set(np.asarray(state.params).round(6).tolist())) == 2
+    for radius in (0.05, jnp.array([0.05, 0.05])):
+      alg = myopic_clustering(quadratic, optax.sgd(1.0), num_clusters=2,
+                              radius=radius, separation=0.5)
+      state, metrics = alg.step(alg.init(jnp.zeros(3)), batch, key)
+      assert metrics["num_clusters"] == 1
+      params = np.asarray(state.params)
+      np.testing.assert_allclose(params, params[0], atol=1e-7)
+      assert np.any(np.isclose(params[0], [0.1, 0.2, 0.3], atol=1e-6))

@@ -152,3 +152,60 @@ def test_local_clients_and_shard_local_clients_in_one_process():
                                  name="data")
   with pytest.raises(ValueError, match="no axis 'models'"):
     sharding.local_clients(n, mesh, axis_name="models")
+
+
+_SHARDINGS_SCRIPT = textwrap.dedent("""
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import PartitionSpec as P
+    from prfl_jax import sharding
+    assert jax.device_count() == 4, jax.devices()
+    mesh = sharding.client_mesh()
+    tree = {"x": np.arange(24.0).reshape(8, 3), "mask": np.zeros(8, bool),
+            "round": np.int32(3)}
+    spec = sharding.client_shardings(tree, mesh, name="state")
+    assert spec["x"].spec == P("clients") and spec["mask"].spec == P("clients")
+    assert spec["round"].spec == P()
+    assert spec["x"].mesh is mesh
+    whole = sharding.replicated(mesh)
+    assert whole.spec == P() and whole.is_fully_replicated
+    assert not spec["x"].is_fully_replicated
+    placed = jax.device_put(tree, spec)
+    # Each device holds its 2 clients' rows; the scalar is on every device.
+    rows = {s.device: np.asarray(s.data) for s in placed["x"].addressable_shards}
+    assert len(rows) == 4 and all(r.shape == (2, 3) for r in rows.values())
+    np.testing.assert_array_equal(
+        np.concatenate([rows[d] for d in mesh.devices]), tree["x"])
+    assert all(np.asarray(s.data) == 3 for s in placed["round"].addressable_shards)
+    full = jax.device_put(tree["x"], whole)
+    assert all(np.asarray(s.data).shape == (8, 3) for s in full.addressable_shards)
+    # A second mesh axis name is honoured.
+    named = sharding.client_mesh(axis_name="models")
+    assert sharding.client_shardings(tree, named, axis_name="models")[
+        "x"].spec == P("models")
+    try:
+      sharding.client_shardings({"x": np.zeros((6, 2))}, mesh, name="params")
+    except ValueError as e:
+      assert "`params`" in str(e) and "N=6" in str(e), e
+    else:
+      raise AssertionError("no ValueError for N=6 on 4 devices")
+    print("SHARDINGS_OK")
+""")
+
+
+def test_client_shardings_and_replicated_on_4_fake_devices():
+  """`client_shardings` splits every leaf with a client axis into 2 rows per
+  device and replicates scalars; `replicated` keeps a full copy everywhere.
+
+  Mutations seen to fail: `replicated` returning `PartitionSpec(axis)`;
+  `client_shardings` swapping the split and replicated shardings; the
+  `axis_name` argument ignored.
+  """
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
+                      " --xla_force_host_platform_device_count=4").strip()
+  env["JAX_PLATFORMS"] = "cpu"
+  env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+  proc = subprocess.run([sys.executable, "-c", _SHARDINGS_SCRIPT], env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  assert "SHARDINGS_OK" in proc.stdout

@@ -329,3 +329,38 @@ def test_checkpoint_path_is_checked_before_the_first_round(data, tmp_path):
   with pytest.raises(ValueError,
                      match=r"already holds checkpoints of rounds \[1, 2\]"):
     prfl.train(alg, jnp.zeros((6, 4)), data, checkpoint_path=ckpt, **kw)
+
+
+def test_donation_keeps_the_callers_arrays_and_the_numbers(data):
+  """`donate=True` (the default) writes each chunk's state over the previous
+  one, but the arrays the caller passed in (`params`, `initial_state`) stay
+  valid, and the run equals `donate=False` bit for bit.
+
+  Mutation seen to fail: dropping `train`'s copy of the initial state before
+  the first donated chunk (the caller's `params` / `initial_state` arrays
+  are then deleted by XLA).
+  """
+  alg = prfl.algorithms.federated_clustering(
+      prfl.data.regression_loss, optax.sgd(1e-2, momentum=0.9),
+      radius=prfl.quantile_radius(0.5))
+  kw = dict(num_rounds=4, key=jax.random.key(3), batch_size=3, eval_every=2,
+            eval_fn=prfl.data.regression_eval, verbose=False)
+  params = jnp.full((6, 4), 0.5)
+  donated = prfl.train(alg, params, data, donate=True, **kw)
+  assert not params.is_deleted()
+  np.testing.assert_array_equal(params, 0.5)
+  plain = prfl.train(alg, params, data, donate=False, **kw)
+  np.testing.assert_array_equal(donated.state.params, plain.state.params)
+  for name, value in plain.history.items():
+    if name != "elapsed_s":
+      np.testing.assert_array_equal(donated.history[name], value)
+  start = donated.state
+  resumed = prfl.train(alg, None, data, initial_state=start, donate=True,
+                       **kw)
+  assert not any(x.is_deleted() for x in jax.tree.leaves(start)
+                 if isinstance(x, jax.Array))
+  resumed_plain = prfl.train(alg, None, data, initial_state=start,
+                             donate=False, **kw)
+  np.testing.assert_array_equal(resumed.state.params,
+                                resumed_plain.state.params)
+  assert not np.array_equal(resumed.state.params, start.params)
