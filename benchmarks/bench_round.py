@@ -1,4 +1,4 @@
-"""One Federated-Clustering round: prfl_jax schedules vs per-pair loops.
+"""One Federated-Clustering round: prfl_jax execution plans vs per-pair loops.
 
 A round (Werner et al., 2023, Algorithm 1, lines 4-7) computes every client's
 gradient at every client's model (N^2 gradients) and, for every model, runs
@@ -7,9 +7,9 @@ own gradient. Model: the paper's MNIST MLP 784-200-10 (ReLU, softmax
 cross-entropy), random data of MNIST shape.
 
 Compared in one run, on the same parameters and data:
-  * every requested prfl_jax schedule (`gradients.cluster_at_models`, jitted),
-    the ghost kernel (`prfl_jax.ghost`, no per-client weight gradients) among
-    them;
+  * every requested prfl_jax execution plan (`kernels.cluster_at_models`,
+    jitted), the ghost kernel (`prfl_jax.kernels.ghost`, no per-client weight
+    gradients) among them;
   * a per-pair JAX loop: a jitted gradient per (model, client) pair in a
     Python double loop, then jitted Threshold-Clustering per model;
   * a per-pair PyTorch loop written like the paper's code (for each model, for
@@ -37,22 +37,11 @@ import jax.numpy as jnp
 import numpy as np
 
 import prfl_jax as prfl
-from prfl_jax import gradients
+from prfl_jax import kernels
 from benchmarks import common
 
-DEFAULT_SCHEDULES = ("full:gram,1:gram,1:direct,4:gram,full:ghost,1:ghost,"
+DEFAULT_PLANS = ("full:gram,1:gram,1:direct,4:gram,full:ghost,1:ghost,"
                      "2:ghost,4:ghost,8:ghost")
-
-
-def parse_schedule(spec: str) -> gradients.Schedule:
-  """`"full:gram"` or `"8:direct"` -> `Schedule`."""
-  chunk, kernel = spec.split(":")
-  return gradients.Schedule(None if chunk == "full" else int(chunk), kernel)
-
-
-def schedule_name(s: gradients.Schedule) -> str:
-  return f"{'full' if s.chunk_size is None else 'c' + str(s.chunk_size)}/" \
-         f"{s.kernel}"
 
 
 def parse_radius(spec: str):
@@ -68,12 +57,11 @@ def flat_centers(centers) -> np.ndarray:
   return np.concatenate([np.asarray(l).reshape(n, -1) for l in leaves], 1)
 
 
-def run_schedule(schedule, params, batch, radius, num_iters, repeats,
-                 budget_s):
-  """Compiles and times one jitted round with `schedule`."""
-  fn = jax.jit(lambda p, b: gradients.cluster_at_models(
+def run_plan(plan, params, batch, radius, num_iters, repeats, budget_s):
+  """Compiles and times one jitted round with `plan`."""
+  fn = jax.jit(lambda p, b: kernels.cluster_at_models(
       common.mlp_loss, p, b, radius=radius, num_iters=num_iters,
-      schedule=schedule).centers)
+      plan=plan).centers)
   t0 = time.perf_counter()
   compiled = fn.lower(params, batch).compile()
   compile_s = time.perf_counter() - t0
@@ -207,7 +195,7 @@ def _torch_loop(torch, nn, F, params, batch, radius, num_iters, repeats,
           np.concatenate([b1, w1, b2, w2], axis=1))
 
 
-def bench_n(n, args, schedules, gemm):
+def bench_n(n, args, plans, gemm):
   """All configurations at N clients; returns result rows."""
   params, batch = common.mnist_like_federation(n, args.batch_size, args.seed)
   radius = parse_radius(args.radius)
@@ -240,8 +228,8 @@ def bench_n(n, args, schedules, gemm):
     res, out = run_jax_loop(params, batch, radius, args.num_iters,
                             args.loop_repeats, args.budget_s)
     add("jax-loop", "jax", res, out)
-  for s in schedules:
-    name = schedule_name(s)
+  for s in plans:
+    name = common.plan_name(s)
     if s.chunk_size is None and s.kernel != "ghost" and n > args.max_full_n:
       print(f"  N={n:3d} {name:12s} skipped (N > --max-full-n, [N, N, P] "
             f"would take {n * n * common.NUM_PARAMS * 4 / 2**30:.1f} GiB)")
@@ -249,8 +237,8 @@ def bench_n(n, args, schedules, gemm):
     if s.chunk_size is not None and s.chunk_size >= n:
       print(f"  N={n:3d} {name:12s} skipped (chunk >= N is the full vmap)")
       continue
-    res, out = run_schedule(s, params, batch, radius, args.num_iters,
-                            args.repeats, args.budget_s)
+    res, out = run_plan(s, params, batch, radius, args.num_iters,
+                        args.repeats, args.budget_s)
     add(name, "jax", res, out)
     gc.collect()
 
@@ -286,13 +274,13 @@ def main(argv=None):
   p.add_argument("--clients", default="8,16,32,64",
                  help="comma-separated numbers of clients N")
   p.add_argument("--batch-size", type=int, default=32)
-  p.add_argument("--schedules", default=DEFAULT_SCHEDULES,
+  p.add_argument("--plans", default=DEFAULT_PLANS,
                  help="comma-separated CHUNK:KERNEL, CHUNK an int or 'full'")
   p.add_argument("--radius", default="quantile:0.2",
                  help="a float, or quantile:Q for prfl.quantile_radius(Q)")
   p.add_argument("--num-iters", type=int, default=10)
   p.add_argument("--repeats", type=int, default=5,
-                 help="timed calls per schedule (median reported)")
+                 help="timed calls per plan (median reported)")
   p.add_argument("--loop-repeats", type=int, default=3,
                  help="timed calls of the per-pair loops")
   p.add_argument("--budget-s", type=float, default=20.0,
@@ -314,7 +302,7 @@ def main(argv=None):
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--out", default="round_cpu.json")
   args = p.parse_args(argv)
-  schedules = [parse_schedule(s) for s in args.schedules.split(",")]
+  plans = [common.parse_plan(s) for s in args.plans.split(",")]
 
   info = common.machine_info()
   gemm = common.machine_gemm_gflops(args.gemm_size, args.torch_device)
@@ -327,7 +315,7 @@ def main(argv=None):
         flush=True)
   rows = []
   for n in [int(c) for c in args.clients.split(",")]:
-    rows.extend(bench_n(n, args, schedules, gemm))
+    rows.extend(bench_n(n, args, plans, gemm))
   info["loadavg_end"] = __import__("os").getloadavg()
   gemm_end = common.machine_gemm_gflops(args.gemm_size, args.torch_device)
   print(f"fp32 GEMM after the rows: jnp {gemm_end['jax']:.1f}, torch "
