@@ -15,7 +15,8 @@ Layout (adding a kernel or a layer rule is one module):
   direct.py   materialised gradients, distances from the gradients.
   ghost.py    Gram matrices from layer tokens, no per-client weight gradients.
   trace.py    finds a loss's layers in its jaxpr; the tapped interpreter.
-  rules.py    the layer-rule protocol; dense.py and conv.py implement it.
+  rules.py    the layer-rule protocol; dense.py and conv.py implement it;
+              pool.py registers a faster max-pooling for the interpreter.
 
 `loss_fn(params, batch) -> scalar` is written for ONE client: unstacked params
 and that client's batch (leaves `[B, ...]`); any Flax, Equinox or plain-JAX
@@ -41,10 +42,11 @@ from prfl_jax.kernels import gram  # noqa: F401  (registers its kernel)
 from prfl_jax.kernels import plan as plan_lib
 from prfl_jax.kernels import rules
 from prfl_jax.kernels import trace
-try:  # The convolution rule, once it lands.
-  from prfl_jax.kernels import conv  # noqa: F401
+from prfl_jax.kernels import conv  # noqa: F401  (registers its rule)
+try:  # Max-pooling with a fast gradient, once it lands.
+  from prfl_jax.kernels import pool  # noqa: F401
 except ImportError:
-  conv = None
+  pool = None
 
 ExecutionPlan = plan_lib.ExecutionPlan
 PairsOutput = base.PairsOutput
@@ -232,5 +234,6 @@ def cluster_at_models(loss_fn, params, batch, *, radius: clustering.Radius,
 __all__ = [
     "ExecutionPlan", "KERNELS", "PairsOutput", "check_plan",
     "cluster_at_models", "estimate_model_bytes", "resolve_plan",
-    "base", "dense", "direct", "ghost", "gram", "plan", "rules", "trace",
+    "base", "conv", "dense", "direct", "ghost", "gram", "plan", "rules",
+    "trace",
 ]

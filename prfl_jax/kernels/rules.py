@@ -23,6 +23,11 @@ None for anything it does not support (the parameter is then differentiated by
 plain autodiff, which is always correct) or a `Layer`. A new rule is one file
 (`prfl_jax/kernels/dense.py` is the reference) and one import line in
 `prfl_jax/kernels/__init__.py`.
+
+A module may also register a faster implementation of a primitive for the
+ghost kernel's interpreter (`register_replacement`): same values and same
+gradient, e.g. max-pooling whose gradient avoids XLA:CPU's slow
+`select_and_scatter_add` (`kernels/pool.py`).
 """
 
 import dataclasses
@@ -34,6 +39,8 @@ import jax
 MatchFn = Callable[[dict, tuple, int], Optional["Layer"]]
 
 RULES = {}  # primitive -> match function.
+# primitive -> (matches(params, in_avals) -> bool, impl(params, *args) -> out).
+REPLACEMENTS = {}
 
 
 def register_rule(primitive: Any, match: MatchFn):
@@ -41,6 +48,23 @@ def register_rule(primitive: Any, match: MatchFn):
   if not callable(match):
     raise TypeError(f"`match` must be callable, got {type(match)}.")
   RULES[primitive] = match
+
+
+def register_replacement(primitive: Any, matches: Callable,
+                         impl: Callable):
+  """Makes the ghost kernel's interpreter run `impl` for `primitive`.
+
+  Args:
+    primitive: e.g. `lax.reduce_window_max_p`.
+    matches: `matches(params: dict, in_avals: tuple) -> bool`, whether `impl`
+      covers an equation with these params and operands (one client).
+    impl: `impl(params: dict, *operands)` -> the equation's output (a list of
+      outputs if the primitive has multiple results), with the same values
+      and the same gradient as the primitive.
+  """
+  if not callable(matches) or not callable(impl):
+    raise TypeError("`matches` and `impl` must be callable.")
+  REPLACEMENTS[primitive] = (matches, impl)
 
 
 @dataclasses.dataclass(frozen=True)

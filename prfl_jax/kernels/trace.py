@@ -17,7 +17,8 @@ gradient is the output cotangent `dy`) to each active layer equation's output
 and records its other operand `x`; `jax.grad` with respect to the taps then
 gives every layer's `dy` without any weight gradient. Calls that contain an
 active equation are inlined (their custom derivative rules, if any, are then
-replaced by autodiff of their body); every other equation is bound as is.
+replaced by autodiff of their body); every other equation is bound as is, or
+run by its registered replacement (`rules.register_replacement`).
 """
 
 import dataclasses
@@ -411,7 +412,14 @@ def evaluate(analysis: Analysis, leaves: list, taps: Optional[dict],
         outs = run(sub, sub_consts, invals, path)
       else:
         with eqn.ctx.manager:
-          outs = bind(eqn.primitive, eqn.params, invals)
+          replacement = rules.REPLACEMENTS.get(eqn.primitive)
+          if replacement is not None and replacement[0](
+              eqn.params, tuple(v.aval for v in eqn.invars)):
+            outs = replacement[1](eqn.params, *invals)
+            if not eqn.primitive.multiple_results:
+              outs = [outs]
+          else:
+            outs = bind(eqn.primitive, eqn.params, invals)
         site = active.get(path)
         if site is not None:
           records[path] = invals[1 - site.weight_index]
