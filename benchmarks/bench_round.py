@@ -9,7 +9,12 @@ cross-entropy), random data of MNIST shape.
 Compared in one run, on the same parameters and data:
   * every requested prfl_jax execution plan (`kernels.cluster_at_models`,
     jitted), the ghost kernel (`prfl_jax.kernels.ghost`, no per-client weight
-    gradients) among them;
+    gradients) among them, for every requested way of writing the MLP's loss
+    (`--losses`): `library` (`prfl.models.mlp_classifier_loss(2)`), `user`
+    (as a user writes it: params a dict of w1, b1, w2, b2, `x @ w1 + b1`,
+    relu, `optax.softmax_cross_entropy_with_integer_labels`) and `flax` (a
+    `flax.linen` MLP of two `nn.Dense`); the ghost kernel finds their layers
+    itself;
   * a per-pair JAX loop: a jitted gradient per (model, client) pair in a
     Python double loop, then jitted Threshold-Clustering per model;
   * a per-pair PyTorch loop written like the paper's code (for each model, for
@@ -23,6 +28,8 @@ the timed calls (sampled every 2 ms; a lower bound when freed memory is reused).
 
   python -m benchmarks.bench_round                       # N in 8,16,32,64
   python -m benchmarks.bench_round --clients 32 --repeats 5 --radius 0.5
+  python -m benchmarks.bench_round --clients 32 --losses library,user,flax \
+      --plans 1:gram,auto:auto,4:ghost
 """
 
 import argparse
@@ -31,10 +38,12 @@ import gc
 import sys
 import time
 
+from flax import linen as nn
 import jax
 from jax import flatten_util
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 import prfl_jax as prfl
 from prfl_jax import kernels
@@ -42,6 +51,47 @@ from benchmarks import common
 
 DEFAULT_PLANS = ("full:gram,1:gram,1:direct,4:gram,full:ghost,1:ghost,"
                      "2:ghost,4:ghost,8:ghost")
+
+
+def user_loss(p, batch):
+  """The MNIST MLP's loss as a user writes it (params a flat dict)."""
+  x, y = batch
+  h = jax.nn.relu(x @ p["w1"] + p["b1"])
+  logits = h @ p["w2"] + p["b2"]
+  return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+
+class FlaxMLP(nn.Module):
+  """784-200-10 with `flax.linen.Dense` (params: Dense_0, Dense_1)."""
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.relu(nn.Dense(common.HIDDEN)(x))
+    return nn.Dense(common.OUT_DIM)(x)
+
+
+def flax_loss(params, batch):
+  x, y = batch
+  logits = FlaxMLP().apply({"params": params}, x)
+  return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+
+def _to_user(params):
+  return {"w1": params["Dense_0"]["kernel"], "b1": params["Dense_0"]["bias"],
+          "w2": params["Dense_1"]["kernel"], "b2": params["Dense_1"]["bias"]}
+
+
+def _from_user(p):
+  return {"Dense_0": {"kernel": p["w1"], "bias": p["b1"]},
+          "Dense_1": {"kernel": p["w2"], "bias": p["b2"]}}
+
+
+# name -> (loss_fn, library params -> its params, its centres -> library).
+LOSSES = {
+    "library": (common.mlp_loss, lambda p: p, lambda c: c),
+    "user": (user_loss, _to_user, _from_user),
+    "flax": (flax_loss, lambda p: p, lambda c: c),
+}
 
 
 def parse_radius(spec: str):
@@ -57,11 +107,14 @@ def flat_centers(centers) -> np.ndarray:
   return np.concatenate([np.asarray(l).reshape(n, -1) for l in leaves], 1)
 
 
-def run_plan(plan, params, batch, radius, num_iters, repeats, budget_s):
-  """Compiles and times one jitted round with `plan`."""
-  fn = jax.jit(lambda p, b: kernels.cluster_at_models(
-      common.mlp_loss, p, b, radius=radius, num_iters=num_iters,
-      plan=plan).centers)
+def run_plan(plan, params, batch, radius, num_iters, repeats, budget_s,
+             loss="library"):
+  """Compiles and times one jitted round with `plan` and the `loss` variant."""
+  loss_fn, convert, back = LOSSES[loss]
+  params = convert(params)
+  fn = jax.jit(lambda p, b: back(kernels.cluster_at_models(
+      loss_fn, p, b, radius=radius, num_iters=num_iters,
+      plan=plan).centers))
   t0 = time.perf_counter()
   compiled = fn.lower(params, batch).compile()
   compile_s = time.perf_counter() - t0
@@ -228,19 +281,25 @@ def bench_n(n, args, plans, gemm):
     res, out = run_jax_loop(params, batch, radius, args.num_iters,
                             args.loop_repeats, args.budget_s)
     add("jax-loop", "jax", res, out)
-  for s in plans:
-    name = common.plan_name(s)
-    if s.chunk_size is None and s.kernel != "ghost" and n > args.max_full_n:
-      print(f"  N={n:3d} {name:12s} skipped (N > --max-full-n, [N, N, P] "
-            f"would take {n * n * common.NUM_PARAMS * 4 / 2**30:.1f} GiB)")
-      continue
-    if s.chunk_size is not None and s.chunk_size >= n:
-      print(f"  N={n:3d} {name:12s} skipped (chunk >= N is the full vmap)")
-      continue
-    res, out = run_plan(s, params, batch, radius, args.num_iters,
-                        args.repeats, args.budget_s)
-    add(name, "jax", res, out)
-    gc.collect()
+  for loss in args.losses.split(","):
+    for s in plans:
+      name = common.plan_name(s)
+      if loss != "library":
+        name = f"{loss}:{name}"
+      if s.chunk_size is None and s.kernel not in ("ghost", "auto") and (
+          n > args.max_full_n):
+        print(f"  N={n:3d} {name:12s} skipped (N > --max-full-n, [N, N, P] "
+              f"would take {n * n * common.NUM_PARAMS * 4 / 2**30:.1f} GiB)")
+        continue
+      if s.chunk_size not in (None, "auto") and s.chunk_size >= n:
+        print(f"  N={n:3d} {name:12s} skipped (chunk >= N is the full vmap)")
+        continue
+      res, out = run_plan(s, params, batch, radius, args.num_iters,
+                          args.repeats, args.budget_s, loss)
+      add(name, "jax", res, out, dict(loss=loss, plan=common.plan_name(
+          kernels.resolve_plan(s, LOSSES[loss][0], LOSSES[loss][1](params),
+                               batch))))
+      gc.collect()
 
   ref_name = "jax-loop" if "jax-loop" in outs else rows[0]["config"]
   ref = outs[ref_name]
@@ -261,7 +320,8 @@ def bench_n(n, args, plans, gemm):
 
 
 COLUMNS = [
-    ("n", "N", "{}"), ("config", "config", "{}"), ("time_s", "s/round", "{:.3f}"),
+    ("n", "N", "{}"), ("config", "config", "{}"), ("plan", "resolved", "{}"),
+    ("time_s", "s/round", "{:.3f}"),
     ("gflops", "GFLOP/s", "{:.1f}"), ("pct_gemm", "%GEMM", "{:.0f}"),
     ("xla_mb", "XLA MiB", "{:.0f}"), ("rss_mb", "RSS+ MiB", "{:.0f}"),
     ("vs_torch", "x torch", "{:.2f}"), ("vs_jax_loop", "x jaxloop", "{:.2f}"),
@@ -274,6 +334,9 @@ def main(argv=None):
   p.add_argument("--clients", default="8,16,32,64",
                  help="comma-separated numbers of clients N")
   p.add_argument("--batch-size", type=int, default=32)
+  p.add_argument("--losses", default="library",
+                 help="comma-separated ways of writing the MLP's loss: "
+                 "library, user (plain dict params, optax), flax (linen)")
   p.add_argument("--plans", default=DEFAULT_PLANS,
                  help="comma-separated CHUNK:KERNEL, CHUNK an int or 'full'")
   p.add_argument("--radius", default="quantile:0.2",
@@ -303,6 +366,9 @@ def main(argv=None):
   p.add_argument("--out", default="round_cpu.json")
   args = p.parse_args(argv)
   plans = [common.parse_plan(s) for s in args.plans.split(",")]
+  bad = [l for l in args.losses.split(",") if l not in LOSSES]
+  if bad:
+    p.error(f"--losses: unknown {bad}; choose from {sorted(LOSSES)}")
 
   info = common.machine_info()
   gemm = common.machine_gemm_gflops(args.gemm_size, args.torch_device)

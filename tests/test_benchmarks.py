@@ -31,6 +31,21 @@ def test_bench_round_configurations_agree(tmp_path):
     assert r["rel_diff"] < 1e-3
 
 
+def test_bench_round_user_and_flax_losses_agree(tmp_path):
+  """The user-written and Flax MLP losses give the library loss's centres."""
+  out = tmp_path / "round.json"
+  assert bench_round.main([
+      "--clients", "3", "--batch-size", "2", "--repeats", "1",
+      "--loop-repeats", "1", "--budget-s", "1", "--gemm-size", "64",
+      "--torch-threads", "1", "--plans", "auto:auto,2:gram",
+      "--losses", "library,user,flax", "--out", str(out)]) == 0
+  rows = json.loads(out.read_text())["rows"]
+  configs = {r["config"]: r for r in rows}
+  assert {"auto/auto", "user:auto/auto", "flax:auto/auto",
+          "flax:c2/gram"} <= set(configs)
+  assert configs["user:auto/auto"]["plan"] == "c1/ghost"  # On CPU.
+
+
 def test_bench_round_torch_loop_matches(tmp_path):
   pytest.importorskip("torch")
   out = tmp_path / "round.json"

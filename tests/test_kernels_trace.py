@@ -369,6 +369,31 @@ def test_equinox_mlp(monkeypatch):
   assert all(g.bias is not None for g in analysis.groups)
 
 
+def test_flax_nnx_mlp(monkeypatch):
+  nnx = pytest.importorskip("flax.nnx")
+
+  class MLP(nnx.Module):
+
+    def __init__(self, rngs):
+      self.l1 = nnx.Linear(D, H, rngs=rngs)
+      self.l2 = nnx.Linear(H, K, rngs=rngs)
+
+    def __call__(self, x):
+      return self.l2(jax.nn.relu(self.l1(x)))
+
+  graphdef, _ = nnx.split(MLP(nnx.Rngs(0)))
+  params = jax.vmap(lambda k: nnx.split(MLP(nnx.Rngs(k)))[1])(
+      jax.random.split(jax.random.PRNGKey(0), N))
+
+  def loss(state, batch):
+    x, y = batch
+    return _ce(nnx.merge(graphdef, state)(x), y)
+
+  analysis = _check(loss, params, _batch(), monkeypatch)
+  assert analysis.autodiff == () and len(analysis.groups) == 2
+  assert all(g.bias is not None for g in analysis.groups)
+
+
 # --- transformations --------------------------------------------------------
 
 

@@ -193,7 +193,8 @@ class _Walk:
     if sub is not None:
       self.calls[path] = sub
       return self.run(sub[0], ins, path)
-    if name in _VIEW_OPS and len(ins) == 1 and ins[0].view is not None:
+    if (name in _VIEW_OPS and len(ins) == 1 and ins[0].view is not None and
+        jax.dtypes.issubdtype(eqn.outvars[0].aval.dtype, np.inexact)):
       v = ins[0].view
       return [_Meta(View(v.leaf, v.chain + ((eqn.primitive, eqn.params),)),
                     True)]
