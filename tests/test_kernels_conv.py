@@ -7,7 +7,9 @@ Mutations that these tests were seen to catch (each made once, then undone):
   * `fold` without `jnp.moveaxis` of the groups (groups mixed with taps):
     the grouped and depthwise cases of the first test fail;
   * the window strides left out of the slices: the strided cases fail;
-  * `match` accepting `batch_group_count = 2`: `test_match_declines` fails.
+  * `match` accepting `batch_group_count = 2`: `test_match_declines` fails;
+  * `conv_by_patches` splitting the output features as (Og, G) instead of
+    (G, Og): its grouped and depthwise cases fail.
 """
 
 import jax
@@ -309,3 +311,43 @@ def test_string_padding_with_lhs_dilation_raises():
   with pytest.raises(ValueError, match="lhs_dilation"):
     conv.tokens(_normal(0, x_shape), _normal(1, (2, 10, 3, 3)), params,
                 w_shape)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_conv_by_patches_is_the_convolution(name):
+  """Same output and input and kernel vjps as `conv_general_dilated`."""
+  x_shape, w_shape, kwargs = CASES[name]
+  x, w = _normal(0, x_shape), _normal(1, w_shape)
+  params = dict(_layer(x, w, kwargs).params, precision=lax.Precision.HIGHEST)
+
+  @jax.jit
+  def run(x, w):
+    y, vjp = jax.vjp(lambda x, w: _conv(x, w, kwargs), x, w)
+    ours, our_vjp = jax.vjp(lambda x, w: conv.conv_by_patches(x, w, params),
+                            x, w)
+    dy = _normal(2, y.shape)
+    return y, ours, vjp(dy), our_vjp(dy)
+
+  y, ours, grads, our_grads = run(x, w)
+  np.testing.assert_allclose(ours, y, rtol=1e-5, atol=1e-5)
+  for got, want in zip(our_grads, grads):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_slow_on_xla_cpu_flags_inputs_smaller_than_the_kernel():
+  """A 3x3 kernel on 2x2 or 1x1 maps is flagged; 3x3 maps are not."""
+  def flag(x_shape, w_shape, **kwargs):
+    kwargs = dict(dict(window_strides=(1, 1), padding="SAME",
+                       dimension_numbers=("NHWC", "HWIO", "NHWC")), **kwargs)
+    params = conv.conv_params(len(x_shape), **kwargs)
+    return conv.slow_on_xla_cpu(params, x_shape, w_shape)
+
+  assert flag((4, 2, 2, 8), (3, 3, 8, 8))
+  assert flag((4, 1, 1, 8), (3, 3, 8, 8))
+  assert flag((4, 5, 2, 8), (3, 3, 8, 8))
+  assert not flag((4, 3, 3, 8), (3, 3, 8, 8))
+  assert flag((4, 3, 3, 8), (3, 3, 8, 8), rhs_dilation=(2, 1))
+  assert not flag((4, 2, 2, 8), (3, 3, 8, 8), lhs_dilation=(2, 2),
+                  padding=((1, 1), (1, 1)))
+  assert flag((4, 8, 2, 2), (8, 8, 3, 3), dimension_numbers=("NCHW", "OIHW",
+                                                              "NCHW"))
