@@ -9,7 +9,10 @@ Mutations that these tests were seen to catch (each made once, then undone):
   * the window strides left out of the slices: the strided cases fail;
   * `match` accepting `batch_group_count = 2`: `test_match_declines` fails;
   * `conv_by_patches` splitting the output features as (Og, G) instead of
-    (G, Og): its grouped and depthwise cases fail.
+    (G, Og): its grouped and depthwise cases fail;
+  * `conv_by_patches` with the kernel's spatial axes swapped:
+    `test_engine_ghost_centres_equal_gram_on_a_flax_cnn` fails (the engine
+    runs it in place of the 2x2-map convolution).
 """
 
 import jax
@@ -351,3 +354,53 @@ def test_slow_on_xla_cpu_flags_inputs_smaller_than_the_kernel():
                   padding=((1, 1), (1, 1)))
   assert flag((4, 8, 2, 2), (8, 8, 3, 3), dimension_numbers=("NCHW", "OIHW",
                                                               "NCHW"))
+
+
+def test_engine_ghost_centres_equal_gram_on_a_flax_cnn():
+  """Through the engine: a Flax CNN's ghost-kernel centres equal the Gram's.
+
+  The second convolution sees 2x2 maps, so the interpreter runs it by
+  `conv_by_patches` (registered replacement) and the pools by
+  `kernels.pool`; the Gram kernel differentiates the plain loss.
+  """
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import prfl_jax as prfl  # pylint: disable=g-import-not-at-top
+  from prfl_jax.kernels import rules  # pylint: disable=g-import-not-at-top
+
+  class Net(nn.Module):
+
+    @nn.compact
+    def __call__(self, x):
+      x = nn.max_pool(nn.relu(nn.Conv(4, (3, 3))(x)), (2, 2), (2, 2))
+      x = nn.relu(nn.Conv(5, (3, 3))(x))
+      return nn.Dense(3)(x.reshape(x.shape[0], -1))
+
+  net = Net()
+
+  def loss(params, batch):
+    x, y = batch
+    logits = net.apply(params, x)
+    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits),
+                                         y[:, None], 1))
+
+  n = 3
+  params = jax.vmap(lambda k: net.init(k, jnp.zeros((1, 4, 4, 2))))(
+      jax.random.split(jax.random.key(0), n))
+  batch = (_normal(1, (n, 2, 4, 4, 2)),
+           np.random.default_rng(2).integers(0, 3, (n, 2)).astype(np.int32))
+  # The second convolution's equation (2x2 maps, 3x3 kernel) is replaced.
+  layer = _layer(_normal(0, (2, 2, 2, 4)), _normal(0, (3, 3, 4, 5)),
+                 CASES["nhwc_same"][2])
+  matches, _ = rules.REPLACEMENTS[lax.conv_general_dilated_p]
+  avals = (jax.ShapeDtypeStruct((2, 2, 2, 4), jnp.float32),
+           jax.ShapeDtypeStruct((3, 3, 4, 5), jnp.float32))
+  assert matches(layer.params, avals)
+
+  def centres(kernel):
+    return jax.jit(lambda p, b: prfl.kernels.cluster_at_models(
+        loss, p, b, radius=prfl.quantile_radius(0.5), num_iters=3,
+        plan=prfl.ExecutionPlan(1, kernel)).centers)(params, batch)
+
+  ghost, gram = centres("ghost"), centres("gram")
+  for g, r in zip(jax.tree.leaves(ghost), jax.tree.leaves(gram)):
+    np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-6)

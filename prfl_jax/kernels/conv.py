@@ -392,3 +392,14 @@ def match(params: dict, in_avals: tuple,
 
 
 rules.register_rule(lax.conv_general_dilated_p, match)
+
+
+def _replaces(params: Params, avals: tuple) -> bool:
+  """The interpreter runs `conv_by_patches` on XLA:CPU's slow convolutions."""
+  return (jax.default_backend() == "cpu" and
+          params.get("batch_group_count", 1) == 1 and
+          slow_on_xla_cpu(params, avals[0].shape, avals[1].shape))
+
+
+rules.register_replacement(lax.conv_general_dilated_p, _replaces,
+                           lambda params, x, w: conv_by_patches(x, w, params))

@@ -13,9 +13,10 @@ from one strided slice of the (padded) input per window tap:
 where `first_k` marks, for every output, the first tap (in row-major order of
 the window) holding the maximum, which is the tap `select_and_scatter_add`
 with `select_prim=ge` picks (ties included; where windows overlap, the sum
-over taps may differ from XLA's in the last bit), and `pad_k` is the transpose of
-the k-th strided slice. The all-pairs engine (`kernels.trace.evaluate`) uses it
-in place of `reduce_window_max` equations that `matches` accepts.
+over taps may differ from XLA's in the last bit), and `pad_k` is the
+transpose of the k-th strided slice. The ghost kernel's interpreter
+(`kernels.trace.evaluate`) runs it in place of the `reduce_window_max`
+equations that `matches` accepts (`rules.register_replacement`).
 
 Not covered (`matches` is False, the equation is left as is): base and
 window dilation (JAX has no gradient for the latter either), windows with more
@@ -30,6 +31,8 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 import numpy as np
+
+from prfl_jax.kernels import rules
 
 # Larger windows (e.g. global pooling) keep `reduce_window_max`: one slice per
 # tap would cost more than the scatter.
@@ -138,3 +141,8 @@ def max_pool(x: jax.Array, params: Mapping[str, Any]) -> jax.Array:
     window, row-major).
   """
   return _max_pool(x, _freeze(params))
+
+
+rules.register_replacement(lax.reduce_window_max_p,
+                           lambda params, avals: matches(params, avals[0]),
+                           lambda params, x: max_pool(x, params))
