@@ -94,7 +94,7 @@ def sweep_row(rounds, repeats):
   make = lambda hp: prfl.algorithms.federated_clustering(
       prfl.data.regression_loss, optax.sgd(hp["lr"]),
       radius=prfl.quantile_radius(hp["q"]), num_iters=10,
-      schedule=prfl.Schedule(None, "gram"))
+      plan=prfl.ExecutionPlan(None, "gram"))
   hp, keys = sweep_lib.grid(jnp.arange(3),
                             lr=jnp.array([3e-4, 1e-3, 3e-3, 1e-2]),
                             q=jnp.array([0.2, 0.5]))

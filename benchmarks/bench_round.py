@@ -1,4 +1,4 @@
-"""One Federated-Clustering round: prfl_jax schedules vs per-pair loops.
+"""One Federated-Clustering round: prfl_jax execution plans vs per-pair loops.
 
 A round (Werner et al., 2023, Algorithm 1, lines 4-7) computes every client's
 gradient at every client's model (N^2 gradients) and, for every model, runs
@@ -7,9 +7,14 @@ own gradient. Model: the paper's MNIST MLP 784-200-10 (ReLU, softmax
 cross-entropy), random data of MNIST shape.
 
 Compared in one run, on the same parameters and data:
-  * every requested prfl_jax schedule (`gradients.cluster_at_models`, jitted),
-    the ghost kernel (`prfl_jax.ghost`, no per-client weight gradients) among
-    them;
+  * every requested prfl_jax execution plan (`kernels.cluster_at_models`,
+    jitted), the ghost kernel (`prfl_jax.kernels.ghost`, no per-client weight
+    gradients) among them, for every requested way of writing the MLP's loss
+    (`--losses`): `library` (`prfl.models.mlp_classifier_loss(2)`), `user`
+    (as a user writes it: params a dict of w1, b1, w2, b2, `x @ w1 + b1`,
+    relu, `optax.softmax_cross_entropy_with_integer_labels`) and `flax` (a
+    `flax.linen` MLP of two `nn.Dense`); the ghost kernel finds their layers
+    itself;
   * a per-pair JAX loop: a jitted gradient per (model, client) pair in a
     Python double loop, then jitted Threshold-Clustering per model;
   * a per-pair PyTorch loop written like the paper's code (for each model, for
@@ -23,6 +28,8 @@ the timed calls (sampled every 2 ms; a lower bound when freed memory is reused).
 
   python -m benchmarks.bench_round                       # N in 8,16,32,64
   python -m benchmarks.bench_round --clients 32 --repeats 5 --radius 0.5
+  python -m benchmarks.bench_round --clients 32 --losses library,user,flax \
+      --plans 1:gram,auto:auto,4:ghost
 """
 
 import argparse
@@ -31,28 +38,60 @@ import gc
 import sys
 import time
 
+from flax import linen as nn
 import jax
 from jax import flatten_util
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 import prfl_jax as prfl
-from prfl_jax import gradients
+from prfl_jax import kernels
 from benchmarks import common
 
-DEFAULT_SCHEDULES = ("full:gram,1:gram,1:direct,4:gram,full:ghost,1:ghost,"
+DEFAULT_PLANS = ("full:gram,1:gram,1:direct,4:gram,full:ghost,1:ghost,"
                      "2:ghost,4:ghost,8:ghost")
 
 
-def parse_schedule(spec: str) -> gradients.Schedule:
-  """`"full:gram"` or `"8:direct"` -> `Schedule`."""
-  chunk, kernel = spec.split(":")
-  return gradients.Schedule(None if chunk == "full" else int(chunk), kernel)
+def user_loss(p, batch):
+  """The MNIST MLP's loss as a user writes it (params a flat dict)."""
+  x, y = batch
+  h = jax.nn.relu(x @ p["w1"] + p["b1"])
+  logits = h @ p["w2"] + p["b2"]
+  return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 
 
-def schedule_name(s: gradients.Schedule) -> str:
-  return f"{'full' if s.chunk_size is None else 'c' + str(s.chunk_size)}/" \
-         f"{s.kernel}"
+class FlaxMLP(nn.Module):
+  """784-200-10 with `flax.linen.Dense` (params: Dense_0, Dense_1)."""
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.relu(nn.Dense(common.HIDDEN)(x))
+    return nn.Dense(common.OUT_DIM)(x)
+
+
+def flax_loss(params, batch):
+  x, y = batch
+  logits = FlaxMLP().apply({"params": params}, x)
+  return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+
+def _to_user(params):
+  return {"w1": params["Dense_0"]["kernel"], "b1": params["Dense_0"]["bias"],
+          "w2": params["Dense_1"]["kernel"], "b2": params["Dense_1"]["bias"]}
+
+
+def _from_user(p):
+  return {"Dense_0": {"kernel": p["w1"], "bias": p["b1"]},
+          "Dense_1": {"kernel": p["w2"], "bias": p["b2"]}}
+
+
+# name -> (loss_fn, library params -> its params, its centres -> library).
+LOSSES = {
+    "library": (common.mlp_loss, lambda p: p, lambda c: c),
+    "user": (user_loss, _to_user, _from_user),
+    "flax": (flax_loss, lambda p: p, lambda c: c),
+}
 
 
 def parse_radius(spec: str):
@@ -68,12 +107,14 @@ def flat_centers(centers) -> np.ndarray:
   return np.concatenate([np.asarray(l).reshape(n, -1) for l in leaves], 1)
 
 
-def run_schedule(schedule, params, batch, radius, num_iters, repeats,
-                 budget_s):
-  """Compiles and times one jitted round with `schedule`."""
-  fn = jax.jit(lambda p, b: gradients.cluster_at_models(
-      common.mlp_loss, p, b, radius=radius, num_iters=num_iters,
-      schedule=schedule).centers)
+def run_plan(plan, params, batch, radius, num_iters, repeats, budget_s,
+             loss="library"):
+  """Compiles and times one jitted round with `plan` and the `loss` variant."""
+  loss_fn, convert, back = LOSSES[loss]
+  params = convert(params)
+  fn = jax.jit(lambda p, b: back(kernels.cluster_at_models(
+      loss_fn, p, b, radius=radius, num_iters=num_iters,
+      plan=plan).centers))
   t0 = time.perf_counter()
   compiled = fn.lower(params, batch).compile()
   compile_s = time.perf_counter() - t0
@@ -207,7 +248,7 @@ def _torch_loop(torch, nn, F, params, batch, radius, num_iters, repeats,
           np.concatenate([b1, w1, b2, w2], axis=1))
 
 
-def bench_n(n, args, schedules, gemm):
+def bench_n(n, args, plans, gemm):
   """All configurations at N clients; returns result rows."""
   params, batch = common.mnist_like_federation(n, args.batch_size, args.seed)
   radius = parse_radius(args.radius)
@@ -240,19 +281,25 @@ def bench_n(n, args, schedules, gemm):
     res, out = run_jax_loop(params, batch, radius, args.num_iters,
                             args.loop_repeats, args.budget_s)
     add("jax-loop", "jax", res, out)
-  for s in schedules:
-    name = schedule_name(s)
-    if s.chunk_size is None and s.kernel != "ghost" and n > args.max_full_n:
-      print(f"  N={n:3d} {name:12s} skipped (N > --max-full-n, [N, N, P] "
-            f"would take {n * n * common.NUM_PARAMS * 4 / 2**30:.1f} GiB)")
-      continue
-    if s.chunk_size is not None and s.chunk_size >= n:
-      print(f"  N={n:3d} {name:12s} skipped (chunk >= N is the full vmap)")
-      continue
-    res, out = run_schedule(s, params, batch, radius, args.num_iters,
-                            args.repeats, args.budget_s)
-    add(name, "jax", res, out)
-    gc.collect()
+  for loss in args.losses.split(","):
+    for s in plans:
+      name = common.plan_name(s)
+      if loss != "library":
+        name = f"{loss}:{name}"
+      if s.chunk_size is None and s.kernel not in ("ghost", "auto") and (
+          n > args.max_full_n):
+        print(f"  N={n:3d} {name:12s} skipped (N > --max-full-n, [N, N, P] "
+              f"would take {n * n * common.NUM_PARAMS * 4 / 2**30:.1f} GiB)")
+        continue
+      if s.chunk_size not in (None, "auto") and s.chunk_size >= n:
+        print(f"  N={n:3d} {name:12s} skipped (chunk >= N is the full vmap)")
+        continue
+      res, out = run_plan(s, params, batch, radius, args.num_iters,
+                          args.repeats, args.budget_s, loss)
+      add(name, "jax", res, out, dict(loss=loss, plan=common.plan_name(
+          kernels.resolve_plan(s, LOSSES[loss][0], LOSSES[loss][1](params),
+                               batch))))
+      gc.collect()
 
   ref_name = "jax-loop" if "jax-loop" in outs else rows[0]["config"]
   ref = outs[ref_name]
@@ -273,7 +320,8 @@ def bench_n(n, args, schedules, gemm):
 
 
 COLUMNS = [
-    ("n", "N", "{}"), ("config", "config", "{}"), ("time_s", "s/round", "{:.3f}"),
+    ("n", "N", "{}"), ("config", "config", "{}"), ("plan", "resolved", "{}"),
+    ("time_s", "s/round", "{:.3f}"),
     ("gflops", "GFLOP/s", "{:.1f}"), ("pct_gemm", "%GEMM", "{:.0f}"),
     ("xla_mb", "XLA MiB", "{:.0f}"), ("rss_mb", "RSS+ MiB", "{:.0f}"),
     ("vs_torch", "x torch", "{:.2f}"), ("vs_jax_loop", "x jaxloop", "{:.2f}"),
@@ -286,13 +334,16 @@ def main(argv=None):
   p.add_argument("--clients", default="8,16,32,64",
                  help="comma-separated numbers of clients N")
   p.add_argument("--batch-size", type=int, default=32)
-  p.add_argument("--schedules", default=DEFAULT_SCHEDULES,
+  p.add_argument("--losses", default="library",
+                 help="comma-separated ways of writing the MLP's loss: "
+                 "library, user (plain dict params, optax), flax (linen)")
+  p.add_argument("--plans", default=DEFAULT_PLANS,
                  help="comma-separated CHUNK:KERNEL, CHUNK an int or 'full'")
   p.add_argument("--radius", default="quantile:0.2",
                  help="a float, or quantile:Q for prfl.quantile_radius(Q)")
   p.add_argument("--num-iters", type=int, default=10)
   p.add_argument("--repeats", type=int, default=5,
-                 help="timed calls per schedule (median reported)")
+                 help="timed calls per plan (median reported)")
   p.add_argument("--loop-repeats", type=int, default=3,
                  help="timed calls of the per-pair loops")
   p.add_argument("--budget-s", type=float, default=20.0,
@@ -314,7 +365,10 @@ def main(argv=None):
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--out", default="round_cpu.json")
   args = p.parse_args(argv)
-  schedules = [parse_schedule(s) for s in args.schedules.split(",")]
+  plans = [common.parse_plan(s) for s in args.plans.split(",")]
+  bad = [l for l in args.losses.split(",") if l not in LOSSES]
+  if bad:
+    p.error(f"--losses: unknown {bad}; choose from {sorted(LOSSES)}")
 
   info = common.machine_info()
   gemm = common.machine_gemm_gflops(args.gemm_size, args.torch_device)
@@ -327,7 +381,7 @@ def main(argv=None):
         flush=True)
   rows = []
   for n in [int(c) for c in args.clients.split(",")]:
-    rows.extend(bench_n(n, args, schedules, gemm))
+    rows.extend(bench_n(n, args, plans, gemm))
   info["loadavg_end"] = __import__("os").getloadavg()
   gemm_end = common.machine_gemm_gflops(args.gemm_size, args.torch_device)
   print(f"fp32 GEMM after the rows: jnp {gemm_end['jax']:.1f}, torch "

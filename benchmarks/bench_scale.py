@@ -2,7 +2,7 @@
 
 1. Peak memory: Federated-Clustering on the paper's MNIST setting (N=300
    clients re-shuffled into groups of 20, i.e. `num_groups=15`; MLP
-   784-200-10, batch 32), two jitted rounds, each schedule in a fresh
+   784-200-10, batch 32), two jitted rounds, each execution plan in a fresh
    subprocess whose peak RSS (`ru_maxrss`) is reported, next to the RSS of a
    subprocess that only builds the same inputs (baseline). The round is
    jitted with the state donated (`donate_argnums=0`), as `prfl.train` does,
@@ -42,11 +42,9 @@ params, batch = common.mnist_like_federation(n, b)
 jax.block_until_ready((params, batch))
 out = dict(spec=spec, inputs_rss_mb=rss_mb())
 if spec != "baseline":
-  chunk, kernel = spec.split(":")
   alg = prfl.algorithms.federated_clustering(
       common.mlp_loss, optax.sgd(0.1), radius=prfl.quantile_radius(0.2),
-      num_iters=10, num_groups=g,
-      schedule=prfl.Schedule(None if chunk == "full" else int(chunk), kernel))
+      num_iters=10, num_groups=g, plan=common.parse_plan(spec))
   state = alg.init(params)
   del params  # The state holds these arrays; the first round consumes them.
   key = jax.random.PRNGKey(0)
@@ -76,7 +74,7 @@ def memory_rows(args):
   env = dict(os.environ)
   env["PYTHONPATH"] = repo + os.pathsep + env.get("PYTHONPATH", "")
   rows = []
-  for spec in ["baseline"] + args.schedules.split(","):
+  for spec in ["baseline"] + args.plans.split(","):
     code = _CHILD.format(n=args.clients, g=args.num_groups, b=args.batch_size,
                          spec=spec, rounds=args.rounds)
     proc = subprocess.run([sys.executable, "-c", code], env=env,
@@ -129,14 +127,15 @@ def main(argv=None):
   p.add_argument("--num-groups", type=int, default=15)
   p.add_argument("--batch-size", type=int, default=32)
   p.add_argument("--rounds", type=int, default=2)
-  p.add_argument("--schedules", default="1:gram,4:gram,full:gram,1:ghost,4:ghost")
+  p.add_argument("--plans", default="1:gram,4:gram,full:gram,1:ghost,4:ghost",
+                 help="comma-separated CHUNK:KERNEL execution plans")
   p.add_argument("--linear-clients", default="32,300")
   p.add_argument("--out", default="scale_cpu.json")
   args = p.parse_args(argv)
   info = common.machine_info()
   print(f"1. Federated-Clustering N={args.clients}, G={args.num_groups} "
         f"(groups of {-(-args.clients // args.num_groups)}), peak RSS per "
-        "schedule (fresh subprocess each):", flush=True)
+        "execution plan (fresh subprocess each):", flush=True)
   mem = memory_rows(args)
   print("2. O(N) rounds:", flush=True)
   lin = linear_rows(args)
@@ -146,7 +145,7 @@ def main(argv=None):
         "of a fresh process (baseline: inputs only); XLA temp = compiled "
         "memory_analysis of the jitted round (state donated).")
   print(common.format_table(mem, [
-      ("spec", "schedule", "{}"), ("max_rss_mb", "peak RSS MiB", "{:.0f}"),
+      ("spec", "plan", "{}"), ("max_rss_mb", "peak RSS MiB", "{:.0f}"),
       ("over_baseline_mb", "over baseline MiB", "{:.0f}"),
       ("inputs_rss_mb", "RSS inputs MiB", "{:.0f}"),
       ("compiled_rss_mb", "RSS compiled MiB", "{:.0f}"),

@@ -32,7 +32,8 @@ def main(argv=None):
   p.add_argument("--batch-size", type=int, default=32)
   p.add_argument("--num-groups", type=int, default=1)
   p.add_argument("--rounds", type=int, default=5, help="timed rounds")
-  p.add_argument("--schedule", default="1:gram", help="CHUNK:KERNEL")
+  p.add_argument("--plan", default="1:gram",
+                 help="CHUNK:KERNEL execution plan")
   p.add_argument("--out", default="sharding_cpu.json")
   args = p.parse_args(argv)
   counts = [int(c) for c in args.devices.split(",")]
@@ -45,11 +46,10 @@ def main(argv=None):
                            + (argv if argv is not None else sys.argv[1:]),
                            env=env)
 
-  chunk, kernel = args.schedule.split(":")
-  schedule = prfl.Schedule(None if chunk == "full" else int(chunk), kernel)
   alg = prfl.algorithms.federated_clustering(
       common.mlp_loss, optax.sgd(0.1), radius=prfl.quantile_radius(0.2),
-      num_iters=10, num_groups=args.num_groups, schedule=schedule)
+      num_iters=10, num_groups=args.num_groups,
+      plan=common.parse_plan(args.plan))
   params, batch = common.mnist_like_federation(args.clients, args.batch_size)
   step = jax.jit(alg.step)
   key = jax.random.PRNGKey(1)
@@ -83,8 +83,8 @@ def main(argv=None):
     r["vs_1_device"] = base / r["time_s"]
   info["loadavg_end"] = os.getloadavg()
   print(f"\nFederated-Clustering round, MLP 784-200-10, N={args.clients}, "
-        f"batch {args.batch_size}, G={args.num_groups}, schedule "
-        f"{args.schedule}; {os.cpu_count()} CPU cores shared by "
+        f"batch {args.batch_size}, G={args.num_groups}, plan "
+        f"{args.plan}; {os.cpu_count()} CPU cores shared by "
         f"{jax.device_count()} fake host devices.")
   print("NOTE: fake host devices share the same cores: this measures "
         "correctness and SPMD overhead, not a speed-up.")

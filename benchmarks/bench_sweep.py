@@ -37,7 +37,7 @@ def main(argv=None):
   p.add_argument("--lrs", default="0.0003,0.001,0.003,0.01")
   p.add_argument("--quantiles", default="0.2,0.5")
   p.add_argument("--num-iters", type=int, default=10)
-  p.add_argument("--schedule", default="full:gram",
+  p.add_argument("--plan", default="full:gram",
                  help="CHUNK:KERNEL of the all-pairs gradients ('full' = one "
                  "nested vmap, best for this tiny model)")
   p.add_argument("--out", default="sweep_cpu.json")
@@ -49,14 +49,13 @@ def main(argv=None):
   n = data.train["a"].shape[0]
   params = jnp.zeros((n, 10))
 
-  chunk, kernel = args.schedule.split(":")
-  schedule = prfl.Schedule(None if chunk == "full" else int(chunk), kernel)
+  plan = common.parse_plan(args.plan)
 
   def make_algorithm(hp):
     return prfl.algorithms.federated_clustering(
         prfl.data.regression_loss, optax.sgd(hp["lr"]),
         radius=prfl.quantile_radius(hp["q"]), num_iters=args.num_iters,
-        schedule=schedule)
+        plan=plan)
 
   evaluate = lambda state: jax.vmap(prfl.data.regression_eval)(
       state.params, data.test)
@@ -123,7 +122,7 @@ def main(argv=None):
   err = np.asarray(result.final["error"]).mean(axis=1)
   best = int(np.nanargmin(err))
   print(f"\nsynthetic regression K={args.clusters} x {args.clients_per_cluster}"
-        f" clients, d=10, n=9, schedule {args.schedule}, {args.rounds} rounds, "
+        f" clients, d=10, n=9, plan {args.plan}, {args.rounds} rounds, "
         f"{g} configurations "
         f"({args.seeds} seeds x lrs {args.lrs} x quantiles {args.quantiles})")
   print(common.format_table(rows, [

@@ -15,6 +15,7 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
+import prfl_jax as prfl
 from prfl_jax import models
 
 IN_DIM, HIDDEN, OUT_DIM = 784, 200, 10
@@ -23,9 +24,28 @@ RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                            "results")
 
 
-# Softmax cross-entropy of one client's batch `(x [B, 784], y [B])`: a
-# `prfl_jax.ghost.GhostLoss`, so Federated-Clustering can use either kernel.
+# Softmax cross-entropy of one client's batch `(x [B, 784], y [B])`, a plain
+# loss: Federated-Clustering's ghost kernel finds its dense layers itself.
 mlp_loss = models.mlp_classifier_loss(2)
+
+
+def parse_plan(spec: str) -> prfl.ExecutionPlan:
+  """`"full:gram"`, `"8:ghost"` or `"auto:auto"` -> `prfl.ExecutionPlan`.
+
+  CHUNK is an integer, `full` (one nested vmap, `chunk_size=None`) or `auto`;
+  KERNEL a registered kernel name or `auto`.
+  """
+  chunk, kernel = spec.split(":")
+  if chunk not in ("full", "auto"):
+    chunk = int(chunk)
+  return prfl.ExecutionPlan(None if chunk == "full" else chunk, kernel)
+
+
+def plan_name(plan: prfl.ExecutionPlan) -> str:
+  """`ExecutionPlan(None, "gram")` -> `"full/gram"`, `(4, "ghost")` -> `"c4/ghost"`."""
+  c = plan.chunk_size
+  chunk = "full" if c is None else ("auto" if c == "auto" else f"c{c}")
+  return f"{chunk}/{plan.kernel}"
 
 
 def mnist_like_federation(num_clients: int, batch_size: int, seed: int = 0):

@@ -14,5 +14,5 @@ python3 -c "import jax, torch; print(jax.__version__, jax.devices(), torch.__ver
 timeout "${ROUND_TIMEOUT:-400}" python3 -m benchmarks.bench_round \
   --clients "${CLIENTS:-8,16,32,64}" --torch-device cuda --torch-threads 0 \
   --gemm-size 8192 --max-full-n 64 --repeats 10 --budget-s 10 \
-  --schedules "full:gram,1:gram,4:gram,16:gram,full:ghost,1:ghost,4:ghost,16:ghost" \
+  --plans "full:gram,1:gram,4:gram,16:gram,full:ghost,1:ghost,4:ghost,16:ghost" \
   --out "$out/round_gpu.json" 2>&1 | tee "$out/round_gpu.log"

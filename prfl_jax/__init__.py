@@ -13,7 +13,7 @@ from prfl_jax import checkpoint
 from prfl_jax import clustering
 from prfl_jax import data
 from prfl_jax import diagnostics
-from prfl_jax import ghost
+from prfl_jax import kernels
 from prfl_jax import models
 from prfl_jax import sharding
 from prfl_jax import sweep
@@ -26,7 +26,7 @@ from prfl_jax.clustering import quantile_radius
 from prfl_jax.clustering import QuantileRadius
 from prfl_jax.clustering import threshold_clustering
 from prfl_jax.clustering import threshold_clustering_with_info
-from prfl_jax.gradients import Schedule
+from prfl_jax.kernels import ExecutionPlan
 from prfl_jax.train import train
 from prfl_jax.train import TrainResult
 

@@ -347,8 +347,9 @@ def gram_clustering_coefs(grams: jax.Array, radius: Radius, num_iters: int,
   with `s_k = sum_i w_i in_ki / W`.
 
   Args:
-    grams: `[K, N, N]` centred Gram matrices. Rows/columns of points that are
-      not finite must already be zero and their diagonal entry +inf or NaN.
+    grams: `[K, N, N]` centred Gram matrices. A point that is not finite
+      must have a non-finite diagonal entry (as a Gram matrix of it has); its
+      row and column are ignored, whatever they hold.
     radius: scalar, `[K]`, or a radius rule.
     num_iters: number of clustering steps (>= 1).
     weights: `[N]` non-negative client weights.
@@ -380,60 +381,6 @@ def gram_clustering_coefs(grams: jax.Array, radius: Radius, num_iters: int,
   return out.coefs, ClusteringInfo(out.inside, out.tau)
 
 
-def centred_gram(points: PyTree, center: PyTree):
-  """Points centred at `v0`, their masked Gram matrix and finiteness.
-
-  A point with a NaN or Inf coordinate, or whose squared distance to `v0`
-  overflows, has a non-finite Gram diagonal entry; that is how finiteness is
-  read, without another pass over the `[N, P]` points.
-
-  Args:
-    points: pytree, every leaf `[N, ...]`.
-    center: unstacked pytree of the same structure (leaves `[...]`), `v0`.
-
-  Returns:
-    `(centred, gram, ok)`: `centred` leaves `[N, ...]` are `z_i - v0` (not
-    masked); `gram` `[N, N]` has the rows and columns of points that are not
-    `ok` zeroed and +inf on their diagonal (which `gram_clustering_coefs`
-    reads as "outside every ball"); `ok` `[N]` bool.
-  """
-  centred = jax.tree.map(lambda z, v: z - v[None], points, center)
-  gram, ok = mask_gram(tree_lib.gram(centred))
-  return centred, gram, ok
-
-
-def mask_gram(raw: jax.Array):
-  """Masks the points of a Gram matrix whose diagonal entry is not finite.
-
-  Args:
-    raw: `[N, N]` Gram matrix.
-
-  Returns:
-    `(gram, ok)`: `gram` `[N, N]` has the rows and columns of points that are
-    not `ok` zeroed and +inf on their diagonal (which `gram_clustering_coefs`
-    reads as "outside every ball"); `ok` `[N]` bool.
-  """
-  ok = jnp.isfinite(jnp.diagonal(raw))
-  gram = jnp.where(ok[:, None] & ok[None, :], raw, 0.0)
-  return gram + jnp.diag(jnp.where(ok, 0.0, jnp.inf)), ok
-
-
-def combine_centred(coefs: jax.Array, centred: PyTree, ok: jax.Array,
-                    center: PyTree) -> PyTree:
-  """`v0 + sum_i coefs[i] * (z_i - v0)` over the `ok` points.
-
-  Args:
-    coefs: `[N]` coefficients from `gram_clustering_coefs`.
-    centred, ok: from `centred_gram`.
-    center: `v0`, unstacked.
-
-  Returns:
-    unstacked pytree, the centre.
-  """
-  return jax.tree.map(lambda v, s: v + s, center,
-                      tree_lib.masked_combination(coefs, centred, ok))
-
-
 def threshold_clustering_with_info(points: PyTree, init_centers: PyTree, *,
                                    radius: Radius, num_iters: int = 10,
                                    weights=None, method: str = "direct"):
@@ -447,10 +394,14 @@ def threshold_clustering_with_info(points: PyTree, init_centers: PyTree, *,
   usable = tree_lib.usable(points)
   points = jax.tree.map(lambda z: jnp.where(
       usable.reshape((-1,) + (1,) * (z.ndim - 1)), z, jnp.nan), points)
-  centred, grams, ok = jax.vmap(centred_gram, in_axes=(None, 0))(
-      points, init_centers)
+  # Centre k's points z_i - v0_k, their Gram matrices and finiteness.
+  centred = jax.tree.map(lambda z, v: z[None] - v[:, None], points,
+                         init_centers)  # [K, N, ...]
+  grams = jax.vmap(tree_lib.gram)(centred)
+  ok = jnp.isfinite(jnp.diagonal(grams, axis1=1, axis2=2))  # [K, N]
   coefs, info = gram_clustering_coefs(grams, radius, num_iters, weights)
-  return jax.vmap(combine_centred)(coefs, centred, ok, init_centers), info
+  moved = jax.vmap(tree_lib.masked_combination)(coefs, centred, ok)
+  return jax.tree.map(lambda v, m: v + m, init_centers, moved), info
 
 
 def threshold_clustering(points: PyTree, init_centers: PyTree, *,

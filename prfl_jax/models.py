@@ -1,20 +1,25 @@
-"""Models of the paper's experiments, as pure functions of Flax-layout params.
+"""Models of the paper's experiments.
 
+Two forms: the paper's MLP as pure functions of Flax-layout params, and Flax
+linen modules (MLP, CNN, VGG-16, VGG-8) with masked classifier losses.
 The multi-layer perceptron of the MNIST experiments (Werner et al., 2023,
 §5.2: 784-200-10, ReLU) keeps its parameters as `flax.linen.Dense` does
 (`{"Dense_0": {"kernel": [in, out], "bias": [out]}, ...}`, the names a compact
 Flax MLP gets), so params trained with Flax can be used here and vice versa.
-Its losses are `ghost.GhostLoss`es: plain `loss_fn(params, batch)` for every
-algorithm, and the fast `Schedule(kernel="ghost")` for Federated-Clustering.
+Its losses are plain `loss_fn(params, batch)` functions; Federated-Clustering's
+ghost kernel finds their dense layers by itself (`prfl_jax.kernels.trace`).
 """
 
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
+from flax import linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
-from prfl_jax import ghost
+from prfl_jax import tree as tree_lib
+from prfl_jax import validation
 
 
 def layer_names(num_layers: int) -> tuple:
@@ -50,47 +55,56 @@ def mlp_init(key: jax.Array, sizes: Sequence[int]) -> dict:
                                           sizes[:-1], sizes[1:])}
 
 
-def mlp_apply(params: dict, x: jax.Array, taps: ghost.Taps = None):
+def mlp_apply(params: dict, x: jax.Array) -> jax.Array:
   """ReLU MLP on flattened inputs.
 
   Args:
     params: from `mlp_init`.
     x: `[B, ...]`, flattened to `[B, in]`.
-    taps: optional `{layer: [B, out]}` added to those layers' outputs (see
-      `ghost.dense`).
 
   Returns:
-    `(logits [B, out], {layer: input [B, in]})`.
+    logits `[B, out]`.
   """
   names = layer_names(len(params))
   h = x.reshape(x.shape[0], -1)
-  inputs = {}
   for i, name in enumerate(names):
-    inputs[name] = h
-    h = ghost.dense(params[name], h, None if taps is None else taps.get(name))
+    h = h @ params[name]["kernel"] + params[name]["bias"]
     if i < len(names) - 1:
       h = jax.nn.relu(h)
-  return h, inputs
+  return h
 
 
-def _softmax_cross_entropy(params, batch, taps):
+def softmax_cross_entropy(params: dict, batch) -> jax.Array:
+  """Mean softmax cross-entropy of an MLP on one client's `(x [B, ...], y [B])`."""
   x, y = batch
-  logits, inputs = mlp_apply(params, x, taps)
-  logp = jax.nn.log_softmax(logits)
-  return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1)), inputs
+  logp = jax.nn.log_softmax(mlp_apply(params, x))
+  return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
 
 
-def mlp_classifier_loss(num_layers: int) -> ghost.GhostLoss:
-  """Mean softmax cross-entropy of an MLP on one client's `(x [B, ...], y [B])`.
+def mlp_classifier_loss(num_layers: int):
+  """`loss_fn(params, batch)` of an MLP with `num_layers` dense layers.
 
   Args:
-    num_layers: number of dense layers (2 for the paper's 784-200-10 MLP).
+    num_layers: number of dense layers (2 for the paper's 784-200-10 MLP);
+      the params must have exactly that many (`mlp_init`).
 
   Returns:
-    a `ghost.GhostLoss` (call it as `loss(params, batch)`).
-  """
-  return ghost.GhostLoss(_softmax_cross_entropy, layer_names(num_layers))
+    `softmax_cross_entropy`, checking the number of layers.
 
+  Raises:
+    ValueError: if `num_layers` is not a positive integer.
+  """
+  if not isinstance(num_layers, (int, np.integer)) or num_layers < 1:
+    raise ValueError(
+        f"`num_layers` must be a positive integer, got {num_layers!r}.")
+
+  def loss(params, batch):
+    if len(params) != num_layers:
+      raise ValueError(
+          f"`params` must have {num_layers} dense layers "
+          f"{layer_names(num_layers)}, got {sorted(params)}.")
+    return softmax_cross_entropy(params, batch)
+  return loss
 
 
 # ----------------------------------------------------------------------------
@@ -101,18 +115,6 @@ def mlp_classifier_loss(num_layers: int) -> ghost.GhostLoss:
 # initial variables (leaves `[N, ...]`), as in the paper's experiments.
 # Images are NHWC (`[B, H, W, C]`), the layout `prfl_jax.data` returns.
 # ----------------------------------------------------------------------------
-
-# The section's imports sit here, not at the top, so that it merges cleanly
-# with changes to the MLP functions above.
-# pylint: disable=g-import-not-at-top,wrong-import-position,wrong-import-order
-from typing import Any, Callable
-
-from flax import linen as nn
-import optax
-
-from prfl_jax import tree as tree_lib
-from prfl_jax import validation
-# pylint: enable=g-import-not-at-top,wrong-import-position,wrong-import-order
 
 # VGG configurations: conv widths, "M" = 2x2 max-pool with stride 2.
 VGG_CONFIGS = {
@@ -362,3 +364,4 @@ def init_stacked(model: nn.Module, key: jax.Array, sample_x: jax.Array,
         f"shape {np.shape(sample_x)}.")
   variables = model.init(key, jnp.asarray(sample_x[:1]))
   return tree_lib.broadcast(variables, num_clients)
+

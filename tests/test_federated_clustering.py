@@ -16,7 +16,7 @@ ETA = 0.1
 
 def plan(chunk_size=1, kernel="auto"):
   """The execution-plan keyword of a factory (one place to rename)."""
-  return {"schedule": prfl.Schedule(chunk_size, kernel)}
+  return {"plan": prfl.ExecutionPlan(chunk_size, kernel)}
 
 
 def example1_loss(x, batch):
@@ -103,18 +103,20 @@ def test_one_round_by_hand():
 
 
 @pytest.mark.parametrize("radius", [1.5, "quantile"])
-@pytest.mark.parametrize("schedule", [
-    prfl.Schedule(chunk_size=None, kernel="gram"),
-    prfl.Schedule(chunk_size=2, kernel="direct"),
-    prfl.Schedule(chunk_size=3, kernel="gram")])
-def test_rounds_match_numpy(radius, schedule):
+@pytest.mark.parametrize("plan", [
+    prfl.ExecutionPlan(chunk_size=None, kernel="gram"),
+    prfl.ExecutionPlan(chunk_size=2, kernel="direct"),
+    prfl.ExecutionPlan(chunk_size=3, kernel="gram"),
+    prfl.ExecutionPlan()])  # No dense layer: falls back to the Gram kernel.
+@pytest.mark.filterwarnings("ignore:prfl_jax. found no dense")
+def test_rounds_match_numpy(radius, plan):
   rng = np.random.default_rng(0)
   c = rng.normal(size=(7, 3)).astype(np.float32) * 2
   x = rng.normal(size=(7, 3)).astype(np.float32)
   rule = prfl.quantile_radius(0.4) if radius == "quantile" else radius
   alg = prfl.algorithms.federated_clustering(
       shifted_quadratic, optax.sgd(0.3), radius=rule, num_iters=4,
-      schedule=schedule)
+      plan=plan)
   state, _ = _run(alg, jnp.asarray(x), jnp.asarray(c)[:, None], 3)
   ref = x.astype(np.float64)
   for _ in range(3):

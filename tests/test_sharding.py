@@ -38,19 +38,21 @@ _SCRIPT = textwrap.dedent("""
              rng.integers(0, k, (n, b)).astype(np.int32))
     kr = jax.random.PRNGKey(1)
     byz = np.arange(n) == 7
-    # The same MLP as a GhostLoss in flax layout, for the ghost kernel.
+    # The same plain loss and params with the ghost kernel (automatic
+    # analysis); every dense layer through the ghost Gram, whatever it costs.
+    prfl.kernels.ghost.uses_ghost = lambda *args, **kw: True
     ghost_params = {
         "Dense_0": {"kernel": params["w1"], "bias": params["b1"]},
         "Dense_1": {"kernel": params["w2"], "bias": params["b2"]}}
-    mlp = prfl.models.mlp_classifier_loss(2)  # Every layer through (*):
-    ghost_loss = prfl.ghost.GhostLoss(mlp.fn, mlp.layers, always=True)
+    ghost_loss = prfl.models.mlp_classifier_loss(2)
     first_leaf = lambda t: jax.tree.leaves(t)[0]
-    for loss_fn, params, schedule, attack in [
-        (loss, params, prfl.Schedule(1, "gram"), prfl.attacks.bit_flip()),
-        (ghost_loss, ghost_params, prfl.Schedule(2, "ghost"), None)]:
+    for loss_fn, params, plan, attack in [
+        (loss, params, prfl.ExecutionPlan(1, "gram"), prfl.attacks.bit_flip()),
+        (ghost_loss, ghost_params, prfl.ExecutionPlan(2, "ghost"), None),
+        (loss, params, prfl.ExecutionPlan(), None)]:
       alg = prfl.algorithms.federated_clustering(
           loss_fn, optax.sgd(0.1), radius=prfl.quantile_radius(0.5),
-          num_iters=4, num_groups=2, schedule=schedule, attack=attack)
+          num_iters=4, num_groups=2, plan=plan, attack=attack)
       step = jax.jit(alg.step)
 
       def run(state, batch):

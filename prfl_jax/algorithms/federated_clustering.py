@@ -13,7 +13,7 @@ updates its model with the cluster estimate. Optionally:
   (the paper's CIFAR-10 experiment, Section 5.3): rounds `t` with
   `t % (s + 1) == 0` cluster, the others take a local step.
 
-Memory: groups run one after another under a chunked schedule (`lax.scan`
+Memory: groups run one after another under a chunked plan (`lax.scan`
 with the params and optimizer state as the carry), and each group's new rows
 are written into the params as soon as the group is done (`clustered_update`),
 so a round holds the state once plus one group's work. Jit the step with
@@ -29,8 +29,8 @@ import jax.numpy as jnp
 import optax
 
 from prfl_jax import clustering
-from prfl_jax import ghost
 from prfl_jax import gradients
+from prfl_jax import kernels
 from prfl_jax import tree as tree_lib
 from prfl_jax.algorithms import base
 
@@ -71,8 +71,8 @@ def random_groups(key: jax.Array, num_clients: int, num_groups: int) -> _Groups:
 
 def _group_directions(loss_fn, gparams: PyTree, gbatch: PyTree,
                       gbyz: jax.Array, weight: jax.Array, key: jax.Array, *,
-                      radius, num_iters: int, schedule: gradients.Schedule,
-                      attack=None) -> gradients.PairsOutput:
+                      radius, num_iters: int, plan: kernels.ExecutionPlan,
+                      attack=None) -> kernels.PairsOutput:
   """Threshold-Clustering estimate for the S clients of one group.
 
   Args:
@@ -82,17 +82,18 @@ def _group_directions(loss_fn, gparams: PyTree, gbatch: PyTree,
     gbyz: `[S]` bool, Byzantine group members (False on padding slots).
     weight: `[S]` 1.0 for real clients, 0.0 for padding.
     key: PRNG key of the attack noise.
-    radius, num_iters, schedule, attack: as in `federated_clustering`.
+    radius, num_iters, attack: as in `federated_clustering`.
+    plan: a resolved `ExecutionPlan` (see `kernels.resolve_plan`).
 
   Returns:
-    `gradients.PairsOutput` with leading axis S (slot order).
+    `kernels.PairsOutput` with leading axis S (slot order).
   """
   message_fn = None
   if attack is not None:
     message_fn = lambda grads, i, k: attack(grads, gbyz, k)
-  return gradients.cluster_at_models(
+  return kernels.cluster_at_models(
       loss_fn, gparams, gbatch, radius=radius, num_iters=num_iters,
-      weights=weight, schedule=schedule, message_fn=message_fn, key=key)
+      weights=weight, plan=plan, message_fn=message_fn, key=key)
 
 
 def _to_client_order(per_slot: PyTree, groups: _Groups) -> PyTree:
@@ -113,13 +114,13 @@ def clustered_update(loss_fn, optimizer: optax.GradientTransformation,
                      params: PyTree, opt_state: PyTree, batch: PyTree,
                      byzantine: jax.Array, key: jax.Array, *, radius,
                      num_iters: int, num_groups: int,
-                     schedule: gradients.Schedule, attack=None,
+                     plan: kernels.ExecutionPlan, attack=None,
                      cluster=True):
   """One clustering round: every client steps with its estimate `v_i`.
 
   Every client's group is clustered (Algorithm 1, line 7) and the client
   steps with its estimate; each group's rows of `params` and `opt_state` are
-  updated as soon as the group is clustered. Under a chunked schedule the groups run
+  updated as soon as the group is clustered. Under a chunked plan the groups run
   one after another (`lax.scan`) with `params` and `opt_state` as the carry,
   so XLA updates them in place: the round never holds an `[N, ...]` array of
   estimates or a permuted copy of the models, only one group's `[S, ...]`
@@ -141,8 +142,9 @@ def clustered_update(loss_fn, optimizer: optax.GradientTransformation,
     batch: leaves `[N, B, ...]`.
     byzantine: `[N]` bool.
     key: PRNG key (group shuffle and attack noise).
-    radius, num_iters, num_groups, schedule, attack: as in
-      `federated_clustering`.
+    radius, num_iters, num_groups, plan, attack: as in
+      `federated_clustering`; `"auto"` fields of `plan` are resolved here,
+      for the group size (`kernels.resolve_plan`).
     cluster: `[]` bool, possibly traced: cluster (True) or take a plain local
       step (False; `RoundStats.inside` is then all False).
 
@@ -154,6 +156,12 @@ def clustered_update(loss_fn, optimizer: optax.GradientTransformation,
   n = byzantine.shape[0]
   group_key, attack_key = jax.random.split(key)
   groups = random_groups(group_key, n, num_groups)
+  size = groups.index.shape[1]
+  group_shape = lambda t: jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+      (size,) + x.shape[1:], x.dtype), t)
+  plan = kernels.resolve_plan(plan, loss_fn, group_shape(params),
+                              group_shape(batch), messages=attack is not None,
+                              num_models=n)
   gkeys = jax.random.split(attack_key, num_groups)
 
   def group_update(params, opt_state, index, weight, gkey):
@@ -164,7 +172,7 @@ def clustered_update(loss_fn, optimizer: optax.GradientTransformation,
     def clustered(_):
       out = _group_directions(
           loss_fn, gparams, gbatch, byzantine[index] & (weight > 0), weight,
-          gkey, radius=radius, num_iters=num_iters, schedule=schedule,
+          gkey, radius=radius, num_iters=num_iters, plan=plan,
           attack=attack)
       return out.centers, RoundStats(out.own_loss, out.own_grad_norm,
                                      base.grad_norms(out.centers), out.inside)
@@ -191,7 +199,7 @@ def clustered_update(loss_fn, optimizer: optax.GradientTransformation,
                         full, rows)
 
   xs = (groups.index, groups.weight, gkeys)
-  if schedule.chunk_size is None:
+  if plan.chunk_size is None:
     new_params, new_opt, stats = jax.vmap(
         group_update, in_axes=(None, None, 0, 0, 0))(params, opt_state, *xs)
     flat = lambda t: jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), t)
@@ -213,7 +221,7 @@ def federated_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
                          radius: clustering.Radius, num_iters: int = 10,
                          num_groups: int = 1, local_steps: int = 0,
                          attack=None,
-                         schedule: gradients.Schedule = gradients.Schedule()
+                         plan: kernels.ExecutionPlan = kernels.ExecutionPlan()
                          ) -> base.Algorithm:
   """Federated-Clustering: personalized, Byzantine-robust training.
 
@@ -227,8 +235,9 @@ def federated_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
     num_groups: number of random groups clustered separately each round.
     local_steps: plain local steps between two clustering rounds.
     attack: what Byzantine clients send (a `prfl.attacks` function), or None.
-    schedule: execution schedule of the all-pairs gradients (same results).
-      `kernel="ghost"` needs a `ghost.GhostLoss` and no `attack`.
+    plan: execution plan of the all-pairs gradients (same results; the
+      default picks chunk and kernel from the backend and the loss, see
+      `prfl_jax.kernels`). `kernel="ghost"` cannot apply an `attack`.
 
   Returns:
     `Algorithm(init, step)`; `init(params, *, byzantine=None)` takes params
@@ -242,9 +251,13 @@ def federated_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
   base.check_positive_int(num_iters, "num_iters")
   base.check_positive_int(num_groups, "num_groups")
   base.check_positive_int(local_steps, "local_steps", minimum=0)
-  gradients.check_schedule(schedule)
-  if schedule.kernel == "ghost":
-    ghost.require_ghost_loss(loss_fn, None if attack is None else "attack")
+  kernels.check_plan(plan)
+  if (attack is not None and plan.kernel in kernels.KERNELS and
+      not kernels.KERNELS[plan.kernel].accepts_messages):
+    raise ValueError(
+        f"`attack` needs the materialised messages, which "
+        f"ExecutionPlan(kernel={plan.kernel!r}) never builds; use "
+        "kernel='gram'.")
   if not callable(radius):
     clustering.check_radius(radius, 1)
 
@@ -265,7 +278,7 @@ def federated_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
     params, opt_state, stats, groups = clustered_update(
         loss_fn, optimizer, state.params, state.opt_state, batch,
         state.byzantine, key, radius=radius, num_iters=num_iters,
-        num_groups=num_groups, schedule=schedule, attack=attack,
+        num_groups=num_groups, plan=plan, attack=attack,
         cluster=cluster)
     # Share of each client's group inside its final ball, and the share of
     # the group that is both Byzantine and inside (0 in local rounds).

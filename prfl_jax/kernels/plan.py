@@ -1,0 +1,96 @@
+"""The execution plan of the all-pairs engine, and its default from the backend.
+
+An `ExecutionPlan` says how the all-pairs gradients of a round are computed;
+every plan gives the same numbers (up to float32 rounding of a different
+summation order):
+
+* `chunk_size`: models per `lax.map` step. `None`: one nested vmap over all
+  models and clients; `1`: one model at a time (a plain `lax.map`); `c`: chunks
+  of c models, each a nested vmap, so peak memory is `O(c)` models' work.
+  `"auto"` (the default) picks it from the backend, deterministically:
+  chunk 1 on CPU (the fastest and smallest measured there); on a GPU or TPU
+  the full vmap if the estimated work of all models fits in
+  `MEMORY_FRACTION` of the device's memory (`bytes_limit` of
+  `jax.devices()[0].memory_stats()`, or `DEFAULT_BUDGET_BYTES` where the
+  backend does not report it), else the largest power-of-two chunk that fits
+  (at least 1).
+* `kernel`: `"gram"`, `"direct"`, `"ghost"` (see `prfl_jax.kernels`), or
+  `"auto"`: the ghost kernel when the loss has a recognised layer and no
+  attack replaces the messages, else the Gram kernel.
+"""
+
+import numbers
+from typing import NamedTuple, Optional, Union
+
+import jax
+
+AUTO = "auto"
+# Share of the device's memory the round's per-model work may take; the rest
+# is for the stacked params, optimizer state, batch and XLA's own buffers.
+MEMORY_FRACTION = 0.4
+# Budget on an accelerator that does not report its memory.
+DEFAULT_BUDGET_BYTES = 4 * 2**30
+
+
+class ExecutionPlan(NamedTuple):
+  """How a round's all-pairs gradients are computed (same results)."""
+  chunk_size: Union[int, None, str] = AUTO
+  kernel: str = AUTO
+
+
+def check_plan(plan: ExecutionPlan, kernels):
+  """Raises TypeError / ValueError unless `plan` is a valid `ExecutionPlan`.
+
+  Args:
+    plan: the plan.
+    kernels: names of the registered kernels.
+  """
+  if not isinstance(plan, ExecutionPlan):
+    raise TypeError(
+        f"`plan` must be a prfl_jax.ExecutionPlan, got {type(plan)}.")
+  c = plan.chunk_size
+  if c != AUTO and c is not None and (
+      isinstance(c, bool) or not isinstance(c, numbers.Integral) or c < 1):
+    raise ValueError(
+        f"`plan.chunk_size` must be 'auto', None or an integer >= 1, got "
+        f"{c!r}.")
+  names = (AUTO,) + tuple(kernels)
+  if plan.kernel not in names:
+    raise ValueError(
+        f"`plan.kernel` must be one of {names}, got {plan.kernel!r}.")
+
+
+def memory_budget(device=None) -> int:
+  """Bytes the per-model work of a round may take on `device` (see above)."""
+  device = device or jax.devices()[0]
+  stats = None
+  try:
+    stats = device.memory_stats()
+  except Exception:  # pylint: disable=broad-except
+    stats = None
+  limit = (stats or {}).get("bytes_limit")
+  return int(MEMORY_FRACTION * limit) if limit else DEFAULT_BUDGET_BYTES
+
+
+def default_chunk_size(per_model_bytes: int, num_models: int,
+                       device=None) -> Optional[int]:
+  """The `chunk_size` that `"auto"` stands for (see module docstring).
+
+  Args:
+    per_model_bytes: estimated memory of one model's work.
+    num_models: models in the round.
+    device: the device (default: `jax.devices()[0]`).
+
+  Returns:
+    1 on CPU; on an accelerator None (all models at once) or a power of two.
+  """
+  device = device or jax.devices()[0]
+  if device.platform == "cpu":
+    return 1
+  budget = memory_budget(device)
+  if num_models * per_model_bytes <= budget:
+    return None
+  chunk = 1
+  while 2 * chunk < num_models and 2 * chunk * per_model_bytes <= budget:
+    chunk *= 2
+  return chunk
