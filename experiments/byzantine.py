@@ -29,7 +29,6 @@ Writes to `--out` (default `results/byzantine/<dataset>`): `grid.md`,
 
 import argparse
 import dataclasses
-import inspect
 import os
 import sys
 import time
@@ -237,18 +236,6 @@ def make_attack(name: str, hp: cls.Hyper):
   }[name]()
 
 
-def _ifca(loss_fn, opt, num_clusters, key, **kwargs):
-  """IFCA with its initial-model key; works whether the key goes to the
-  factory (issue 11's one `init` signature) or to `init`."""
-  if "key" in inspect.signature(prfl.algorithms.ifca).parameters:
-    return prfl.algorithms.ifca(loss_fn, opt, num_clusters=num_clusters,
-                                key=key, **kwargs)
-  alg = prfl.algorithms.ifca(loss_fn, opt, num_clusters=num_clusters,
-                             **kwargs)
-  return alg._replace(init=lambda params, *, byzantine=None: alg.init(
-      params, byzantine=byzantine, key=key))
-
-
 def make_method(name: str, cfg: Config, hp: cls.Hyper, loss_fn, *, attack,
                 num_byzantine: int, clusters: np.ndarray, key):
   """One method of the grid by name."""
@@ -257,14 +244,15 @@ def make_method(name: str, cfg: Config, hp: cls.Hyper, loss_fn, *, attack,
     return prfl.algorithms.federated_clustering(
         loss_fn, opt, radius=prfl.quantile_radius(hp.quantile),
         num_iters=hp.num_iters, num_groups=hp.num_groups, attack=attack,
-        schedule=hp.schedule)
+        plan=hp.plan)
   if name == "oracle":
     return prfl.algorithms.oracle(loss_fn, opt, clusters=clusters)
   if name == "local":
     return prfl.algorithms.local(loss_fn, opt)
   if name == "ifca_median":
-    return _ifca(loss_fn, opt, cfg.num_clusters, key, attack=attack,
-                 aggregator=prfl.aggregators.median())
+    return prfl.algorithms.ifca(loss_fn, opt, num_clusters=cfg.num_clusters,
+                                key=key, attack=attack,
+                                aggregator=prfl.aggregators.median())
   aggregator = {
       "global": lambda: None,
       "global_median": prfl.aggregators.median,
@@ -562,7 +550,9 @@ def plot_figure6(cfg: Config, runs: list, path: str):
       if r["attack"] not in (attack, "none"):
         continue
       style = dict(styles[r["method"]])
-      label = f"{LABELS[r['method']]}, {ATTACK_LABELS[r['attack']]}"
+      label = LABELS[r["method"]] + (
+          ", no attack (Byzantine clients honest)" if r["attack"] == "none"
+          else ", under the panel's attack")
       if r["attack"] == "none":
         style.update(linewidth=1.0, alpha=0.45, marker=None, zorder=1)
       ax.plot(r["eval_round"], 100 * np.asarray(r["curve_accuracy"]),

@@ -8,6 +8,7 @@ federation's (`grid_checks`), label flipping applied to benign clients.
 
 import json
 
+import jax
 import numpy as np
 import pytest
 
@@ -109,7 +110,7 @@ def test_every_attack_and_method_builds():
   for name in byzantine.METHODS + byzantine.REFERENCES:
     alg = byzantine.make_method(
         name, cfg, hp, prfl.data.regression_loss, attack=None,
-        num_byzantine=4, clusters=np.zeros(40, np.int32), key=None)
+        num_byzantine=4, clusters=np.zeros(40, np.int32), key=jax.random.key(0))
     assert isinstance(alg, prfl.algorithms.Algorithm)
 
 
