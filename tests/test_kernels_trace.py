@@ -424,3 +424,18 @@ def test_bias_detection_rejects_a_bias_over_the_batch():
                                                       _batch()))
   assert [g.bias for g in analysis.groups] == [None]
   assert analysis.autodiff == (0,)  # per_example (leaves: per_example, w).
+
+
+def test_vector_weight_and_scalar_bias_are_recognised():
+  """`x @ w + b` with `w [D]` (q = 1) and a scalar `b` (lax broadcasts it)."""
+  def loss(p, batch):
+    x, _ = batch
+    return jnp.mean(jnp.square(x @ p["w"] + p["b"] - 1.0))
+
+  params = {"w": jnp.asarray(_f32(_rng(), N, D)),
+            "b": jnp.linspace(-1.0, 1.0, N)}
+  analysis = trace.analyse(loss, jax.tree.map(lambda a: a[0], params),
+                           jax.tree.map(lambda a: a[0], _batch()))
+  (group,) = analysis.groups
+  assert (group.layer.q, group.bias.leaf, group.bias_shape) == (1, 0, ())
+  assert analysis.autodiff == ()

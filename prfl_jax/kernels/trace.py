@@ -249,7 +249,13 @@ def _bias_view(view: View, leaf_aval, shape: tuple, feature_dims: tuple,
     feature_dims: the site layer's `feature_dims`.
     out_shape: the site's output shape.
   """
-  if len(shape) != len(out_shape) or list(feature_dims) != sorted(feature_dims):
+  if list(feature_dims) != sorted(feature_dims):
+    return None
+  if not shape:  # A scalar added to the output (lax broadcasts it).
+    if math.prod(out_shape[a] for a in feature_dims) != 1:
+      return None
+    return view, ()
+  if len(shape) != len(out_shape):
     return None
   chain = view.chain
   axes = tuple(range(len(shape)))  # value axis k is output axis axes[k].
