@@ -486,3 +486,27 @@ def test_weights_only_matter_up_to_scale(method):
     ref = reference.threshold_clustering(points, init, num_iters=4,
                                          weights=w, **kw)
     np.testing.assert_allclose(small, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_scale_equivariant_down_to_small_gradients(method):
+  """Clustering `s * z` from `s * v0` with radius `s * tau` gives `s` times
+  the centres, for s = 1e-3 (late-training gradients are that small), with
+  a fixed and a quantile radius, and equals the NumPy reference.
+
+  Mutation seen to fail: `_inside` flooring squared distances at 1 instead
+  of 0 (`jnp.maximum(d2, 1.0)`: every point nearer than 1 looks 1 away).
+  """
+  points, init = _data(9)
+  s = 1e-3
+  for rule, scaled, kw in [
+      (1.5, 1.5 * s, {"radius": 1.5}),
+      (prfl.quantile_radius(0.3), prfl.quantile_radius(0.3),
+       {"radius": None, "quantile": 0.3})]:
+    out = prfl.threshold_clustering(jnp.asarray(points * s),
+                                    jnp.asarray(init * s), radius=scaled,
+                                    num_iters=5, method=method)
+    ref = reference.threshold_clustering(points, init, num_iters=5, **kw)
+    np.testing.assert_allclose(np.asarray(out) / s, ref, rtol=1e-4,
+                               atol=1e-4)
+    assert not np.allclose(ref, init, atol=1e-3)  # The centres moved.
