@@ -17,7 +17,6 @@ Writes `table.md`, `results.json`, `summary.csv`, `curves.png` (accuracy)
 and `curves_loss.png` to `--out` (default `results/mnist/<dataset>`).
 """
 
-import argparse
 import dataclasses
 import os
 import sys
@@ -28,6 +27,7 @@ import numpy as np
 
 import prfl_jax as prfl
 from experiments import classification as cls
+from experiments import cli
 from experiments import common
 
 TASKS = ("rotation", "private_label")
@@ -202,58 +202,71 @@ def ordering_checks(results: dict) -> dict:
   return out
 
 
-def parse_list(text: str) -> tuple:
-  return tuple(v.strip() for v in text.split(",") if v.strip())
+def build_parser():
+  """The command line (every option typed; `--out` default by dataset)."""
+  p = cli.parser(__doc__, out=None,
+                 smoke={"rounds": "4", "clients_per_cluster": "3"})
+  p.add_argument("--dataset", type=cli.choices(DATASETS, multiple=False),
+                 default="digits",
+                 help=f"one of {', '.join(DATASETS)} (default digits)")
+  p.add_argument("--data-dir", type=cli.existing_dir, default=None,
+                 help="directory of MNIST-format IDX files (else auto)")
+  p.add_argument("--source", default="auto",
+                 type=cli.choices(prfl.data.datasets.SOURCES, multiple=False),
+                 help=" | ".join(prfl.data.datasets.SOURCES))
+  p.add_argument("--algorithms", type=cli.choices(cls.ALGORITHMS),
+                 default=",".join(cls.ALGORITHMS),
+                 help="comma list from " + ",".join(cls.ALGORITHMS))
+  p.add_argument("--tasks", type=cli.choices(TASKS), default=",".join(TASKS))
+  p.add_argument("--rounds", type=cli.positive_int, default=None,
+                 help="rounds (default: digits "
+                 f"{DEFAULTS['digits'][1]}, else {DEFAULTS['mnist'][1]})")
+  p.add_argument("--eval-every", type=cli.positive_int, default=None)
+  p.add_argument("--clusters", type=cli.positive_int, default=4)
+  p.add_argument("--clients-per-cluster", type=cli.positive_int, default=None,
+                 help="default: digits 10, else 75")
+  p.add_argument("--train-per-client", type=cli.positive_int, default=None)
+  p.add_argument("--test-per-client", type=cli.positive_int, default=None)
+  p.add_argument("--groups", type=cli.positive_int, default=None,
+                 help="FC subgroups (default: N/18.75, the paper's 16 at "
+                 "N=300)")
+  p.add_argument("--quantile", type=cli.real(0, 1, low_open=True),
+                 default=cls.Hyper.quantile)
+  p.add_argument("--num-iters", type=cli.positive_int,
+                 default=cls.Hyper.num_iters)
+  p.add_argument("--lr", type=cli.real(low=0, low_open=True),
+                 default=cls.Hyper.lr)
+  p.add_argument("--batch-size", type=cli.positive_int,
+                 default=cls.Hyper.batch_size)
+  p.set_defaults(seed=0)
+  return p
+
+
+def config_from_args(args) -> Config:
+  """The unresolved `Config` of parsed options."""
+  return Config(
+      dataset=args.dataset, data_dir=args.data_dir, source=args.source,
+      tasks=tuple(args.tasks), algorithms=tuple(args.algorithms),
+      num_clusters=args.clusters,
+      clients_per_cluster=args.clients_per_cluster,
+      train_per_client=args.train_per_client,
+      test_per_client=args.test_per_client, num_rounds=args.rounds,
+      eval_every=args.eval_every, num_groups=args.groups,
+      hidden=16 if args.smoke else 200,
+      hyper=cls.Hyper(lr=args.lr, quantile=args.quantile,
+                      num_iters=args.num_iters, batch_size=args.batch_size),
+      seed=args.seed, out=args.out, smoke=args.smoke)
+
+
+def validate(args):
+  """Cross-option checks (`resolve`); fills `--out`'s dataset default."""
+  args.out = resolve(config_from_args(args)).out
 
 
 def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--dataset", default="digits",
-                 help=f"one of {', '.join(DATASETS)} (default digits)")
-  p.add_argument("--data-dir", default=None,
-                 help="directory of MNIST-format IDX files (else auto)")
-  p.add_argument("--source", default="auto",
-                 help="auto | idx | debian | tfds | sklearn")
-  p.add_argument("--algorithms", default=",".join(cls.ALGORITHMS),
-                 help="comma list from " + ",".join(cls.ALGORITHMS))
-  p.add_argument("--tasks", default=",".join(TASKS))
-  p.add_argument("--rounds", type=int, default=None,
-                 help="rounds (default: digits "
-                 f"{DEFAULTS['digits'][1]}, else {DEFAULTS['mnist'][1]})")
-  p.add_argument("--eval-every", type=int, default=None)
-  p.add_argument("--clusters", type=int, default=4)
-  p.add_argument("--clients-per-cluster", type=int, default=None,
-                 help="default: digits 10, else 75")
-  p.add_argument("--train-per-client", type=int, default=None)
-  p.add_argument("--test-per-client", type=int, default=None)
-  p.add_argument("--groups", type=int, default=None,
-                 help="FC subgroups (default: N/18.75, the paper's 16 at "
-                 "N=300)")
-  p.add_argument("--quantile", type=float, default=cls.Hyper.quantile)
-  p.add_argument("--num-iters", type=int, default=cls.Hyper.num_iters)
-  p.add_argument("--lr", type=float, default=cls.Hyper.lr)
-  p.add_argument("--batch-size", type=int, default=cls.Hyper.batch_size)
-  p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--out", default=None,
-                 help="output folder (default results/mnist/<dataset>)")
-  p.add_argument("--smoke", action="store_true",
-                 help="tiny federation and 4 rounds: seconds")
-  args = p.parse_args(argv)
-  try:
-    cfg = resolve(Config(
-        dataset=args.dataset, data_dir=args.data_dir, source=args.source,
-        tasks=parse_list(args.tasks), algorithms=parse_list(args.algorithms),
-        num_clusters=args.clusters,
-        clients_per_cluster=args.clients_per_cluster,
-        train_per_client=args.train_per_client,
-        test_per_client=args.test_per_client, num_rounds=args.rounds,
-        eval_every=args.eval_every, num_groups=args.groups,
-        hidden=16 if args.smoke else 200,
-        hyper=cls.Hyper(lr=args.lr, quantile=args.quantile,
-                        num_iters=args.num_iters, batch_size=args.batch_size),
-        seed=args.seed, out=args.out, smoke=args.smoke))
-  except ValueError as e:
-    p.error(str(e))
+  args = cli.parse(build_parser(), argv, check=validate)
+  cfg = resolve(config_from_args(args))
+  cli.write_config(cfg.out, cfg)
   log = lambda s: print(s, flush=True)
   return run(cfg, log, command=" ".join(["python -m experiments.mnist"] +
                                         list(argv or [])))

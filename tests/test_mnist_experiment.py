@@ -33,6 +33,11 @@ def test_smoke_run_writes_every_output(tmp_path, capsys):
   assert results["config"]["num_rounds"] == 4
   assert "scikit-learn" in results["data_source"]
   assert results["versions"]["jax"]
+  # The run record (experiments/cli.py): resolved config, seed, platform.
+  record = json.loads((out / "config.json").read_text())
+  assert record["config"]["num_rounds"] == 4 and record["seed"] == 0
+  assert record["config"]["algorithms"] == list(names)
+  assert record["platform"]["backend"] and record["versions"]["jax"]
   for task in mnist.TASKS:
     runs = results["results"][task]
     assert [r["algorithm"] for r in runs] == list(names)
