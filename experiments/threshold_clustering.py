@@ -32,10 +32,8 @@ Writes `results.json`, `figure7.png`, `theorem1.png` and `summary.md` to
 `--out` (default `results/threshold_clustering/`).
 """
 
-import argparse
 import dataclasses
 import math
-import os
 import platform
 import sys
 import time
@@ -50,6 +48,7 @@ import sklearn
 from sklearn import datasets
 
 import prfl_jax as prfl
+from experiments import cli
 from experiments import common
 
 ATTACKS = ("edge", "far")
@@ -91,17 +90,6 @@ SMOKE = dict(sigmas=(1.0, 4.0), repeats=2, num_iters=12, base_n=4,
              theorem_iters=12)
 
 
-def _check_out(out: str):
-  """Raises ValueError unless `out` is, or can be made, a writable folder."""
-  path = os.path.abspath(out)
-  while not os.path.exists(path):
-    path = os.path.dirname(path)
-  if not os.path.isdir(path):
-    raise ValueError(f"`--out` {out!r}: {path} is a file, not a folder.")
-  if not os.access(path, os.W_OK | os.X_OK):
-    raise ValueError(f"`--out` {out!r}: {path} is not writable.")
-
-
 def validate(cfg: Config):
   """Raises ValueError on a bad configuration, before anything runs."""
   ints = dict(num_points=cfg.num_points, num_clusters=cfg.num_clusters,
@@ -134,7 +122,6 @@ def validate(cfg: Config):
     raise ValueError(
         f"Theorem 1 places the {cfg.num_clusters} centres on orthogonal axes: "
         f"`dim` ({cfg.dim}) must be >= `clusters`, or pass --no-theorem.")
-  _check_out(cfg.out)
 
 
 def versions() -> dict:
@@ -814,70 +801,83 @@ def summary_markdown(cfg: Config, fig7: dict, theorem, command: str) -> str:
 # ----------------------------------------------------------------------------
 
 
-def _numbers(text: str, name: str, kind=float) -> tuple:
-  try:
-    return tuple(kind(v) for v in text.split(",") if v.strip())
-  except ValueError:
-    raise ValueError(f"`--{name}` must be comma-separated numbers, got "
-                     f"{text!r}.") from None
+def _g(values) -> str:
+  """A tuple of numbers as a command-line list (`(1.0, 4.0)` -> "1,4")."""
+  return ",".join(f"{v:g}" for v in values)
+
+
+# SMOKE as command-line values (option dest -> text), for `cli.parser`.
+SMOKE_ARGS = {"iters" if k == "num_iters" else k:
+              _g(v) if isinstance(v, tuple) else str(v)
+              for k, v in SMOKE.items()}
+
+
+def build_parser():
+  """The command line (every option typed; defaults: the paper's Figure 7)."""
+  d = Config()
+  positive = cli.real(low=0, low_open=True)
+  fraction = cli.real(0, 1, high_open=True)  # Byzantine fraction, [0, 1).
+  unit = cli.real(0, 1, low_open=True, high_open=True)  # (0, 1).
+  p = cli.parser(__doc__, out=d.out, smoke=SMOKE_ARGS)
+  p.add_argument("--sigmas", type=cli.list_of(positive), default=_g(d.sigmas),
+                 help="make_blobs cluster_std values")
+  p.add_argument("--repeats", type=cli.positive_int, default=d.repeats)
+  p.add_argument("--iters", type=cli.positive_int, default=d.num_iters,
+                 help="Figure 7: l = 0..ITERS")
+  p.add_argument("--points", type=cli.positive_int, default=d.num_points)
+  p.add_argument("--clusters", type=cli.positive_int, default=d.num_clusters)
+  p.add_argument("--dim", type=cli.positive_int, default=d.dim)
+  p.add_argument("--quantile", type=unit, default=d.quantile)
+  p.add_argument("--elbow-tol", type=unit, default=d.elbow_tol)
+  p.add_argument("--no-theorem", action="store_true")
+  p.add_argument("--theorem-iters", type=cli.positive_int,
+                 default=d.theorem_iters)
+  p.add_argument("--base-n", type=cli.positive_int, default=d.base_n)
+  p.add_argument("--base-delta", type=positive, default=d.base_delta)
+  p.add_argument("--base-sigma", type=positive, default=d.base_sigma)
+  p.add_argument("--n-values", type=cli.list_of(cli.positive_int),
+                 default=_g(d.n_values))
+  p.add_argument("--delta-values", type=cli.list_of(positive),
+                 default=_g(d.delta_values))
+  p.add_argument("--sigma-values", type=cli.list_of(positive),
+                 default=_g(d.sigma_values))
+  p.add_argument("--beta-values", type=cli.list_of(fraction),
+                 default=_g(d.beta_values))
+  p.add_argument("--attack-beta", type=fraction, default=d.attack_beta)
+  p.add_argument("--theorem-quantiles", type=cli.list_of(unit),
+                 default=_g(d.theorem_quantiles),
+                 help="quantile radius rules of the Theorem 1 sweeps")
+  p.add_argument("--no-plots", action="store_true")
+  p.set_defaults(seed=d.seed)
+  return p
+
+
+def config_from_args(args) -> Config:
+  """The `Config` of parsed options."""
+  return Config(
+      sigmas=args.sigmas, repeats=args.repeats, num_iters=args.iters,
+      num_points=args.points, num_clusters=args.clusters, dim=args.dim,
+      quantile=args.quantile, elbow_tol=args.elbow_tol,
+      theorem=not args.no_theorem, theorem_iters=args.theorem_iters,
+      base_n=args.base_n, base_delta=args.base_delta,
+      base_sigma=args.base_sigma, n_values=args.n_values,
+      delta_values=args.delta_values, sigma_values=args.sigma_values,
+      beta_values=args.beta_values, attack_beta=args.attack_beta,
+      theorem_quantiles=args.theorem_quantiles, seed=args.seed, out=args.out)
 
 
 def parse_config(argv) -> tuple:
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--smoke", action="store_true",
-                 help="tiny sizes that run in seconds")
-  p.add_argument("--sigmas", help="make_blobs cluster_std values")
-  p.add_argument("--repeats", type=int)
-  p.add_argument("--iters", type=int, help="Figure 7: l = 0..ITERS")
-  p.add_argument("--points", type=int)
-  p.add_argument("--clusters", type=int)
-  p.add_argument("--dim", type=int)
-  p.add_argument("--quantile", type=float)
-  p.add_argument("--elbow-tol", type=float)
-  p.add_argument("--no-theorem", action="store_true")
-  p.add_argument("--theorem-iters", type=int)
-  p.add_argument("--base-n", type=int)
-  p.add_argument("--base-delta", type=float)
-  p.add_argument("--base-sigma", type=float)
-  p.add_argument("--n-values")
-  p.add_argument("--delta-values")
-  p.add_argument("--sigma-values")
-  p.add_argument("--beta-values")
-  p.add_argument("--attack-beta", type=float)
-  p.add_argument("--theorem-quantiles",
-                 help="quantile radius rules of the Theorem 1 sweeps")
-  p.add_argument("--seed", type=int)
-  p.add_argument("--out")
-  p.add_argument("--no-plots", action="store_true")
-  args = p.parse_args(argv)
-  try:
-    values = dict(SMOKE) if args.smoke else {}
-    direct = dict(repeats=args.repeats, num_iters=args.iters,
-                  num_points=args.points, num_clusters=args.clusters,
-                  dim=args.dim, quantile=args.quantile,
-                  elbow_tol=args.elbow_tol, theorem_iters=args.theorem_iters,
-                  base_n=args.base_n, base_delta=args.base_delta,
-                  base_sigma=args.base_sigma, attack_beta=args.attack_beta,
-                  seed=args.seed, out=args.out)
-    values.update({k: v for k, v in direct.items() if v is not None})
-    lists = dict(sigmas=(args.sigmas, float), n_values=(args.n_values, int),
-                 delta_values=(args.delta_values, float),
-                 sigma_values=(args.sigma_values, float),
-                 beta_values=(args.beta_values, float),
-                 theorem_quantiles=(args.theorem_quantiles, float))
-    for name, (text, kind) in lists.items():
-      if text is not None:
-        values[name] = _numbers(text, name.replace("_", "-"), kind)
-    cfg = Config(theorem=not args.no_theorem, **values)
-    validate(cfg)
-  except ValueError as e:
-    p.error(str(e))
-  return cfg, args
+  """Parses and checks `argv` (cross-option rules: `validate`), before any
+  compute; returns `(Config, argparse.Namespace)`."""
+  args = cli.parse(build_parser(), argv,
+                   check=lambda a: validate(config_from_args(a)))
+  return config_from_args(args), args
 
 
 def main(argv=None):
   argv = sys.argv[1:] if argv is None else list(argv)
   cfg, args = parse_config(argv)
+  cli.write_config(cfg.out, cfg)
   log = lambda s: print(s, flush=True)
   command = " ".join(["python -m experiments.threshold_clustering"] + argv)
   start = time.perf_counter()

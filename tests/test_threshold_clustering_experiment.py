@@ -1,5 +1,6 @@
 """experiments/threshold_clustering.py: Figure 7 and the Theorem 1 check."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -26,6 +27,13 @@ def test_smoke_run_writes_sane_files(smoke):
   cfg = tc.Config(**tc.SMOKE)
   assert results["config"]["sigmas"] == list(cfg.sigmas)
   assert {"jax", "numpy", "scikit-learn"} <= set(results["versions"])
+  # `--smoke` through experiments/cli gives exactly SMOKE, recorded first in
+  # config.json with the seed and platform.
+  record = json.loads((out / "config.json").read_text())
+  expect = json.loads(json.dumps(dataclasses.asdict(
+      dataclasses.replace(cfg, out=str(out)))))
+  assert record["config"] == expect == results["config"]
+  assert record["seed"] == 0 and record["platform"]["backend"]
   f = np.array(results["figure7"]["distance"])
   assert f.shape == (cfg.repeats, len(cfg.sigmas), cfg.num_iters + 1)
   assert np.all(np.isfinite(f)) and np.all(f > 0)
@@ -130,17 +138,23 @@ def test_edge_attack_pulls_the_centre_and_far_attack_does_not():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--repeats", "0"], "repeats"),
-    (["--sigmas", "1,-2"], "sigmas"),
-    (["--sigmas", "1,x"], "sigmas"),
-    (["--quantile", "0"], "quantile"),
-    (["--elbow-tol", "1"], "elbow_tol"),
-    (["--beta-values", "0,1"], "Byzantine"),
-    (["--n-values", "0,4"], "n_values"),
-    (["--delta-values", "nan"], "delta_values"),
-    (["--clusters", "20", "--points", "90"], "dim"),
-    (["--points", "5"], "points"),
-    (["--iters", "0"], "num_iters"),
+    (["--repeats", "0"], "argument --repeats"),
+    (["--sigmas", "1,-2"], "argument --sigmas"),
+    (["--sigmas", "1,x"], "argument --sigmas"),
+    (["--quantile", "0"], "argument --quantile"),
+    (["--quantile", "1"], "argument --quantile"),
+    (["--elbow-tol", "1"], "argument --elbow-tol"),
+    (["--beta-values", "0,1"], "argument --beta-values"),
+    (["--attack-beta", "-0.1"], "argument --attack-beta"),
+    (["--theorem-quantiles", "0.1,1"], "argument --theorem-quantiles"),
+    (["--n-values", "0,4"], "argument --n-values"),
+    (["--delta-values", "nan"], "argument --delta-values"),
+    (["--base-sigma", "0"], "argument --base-sigma"),
+    (["--seed", "-1"], "argument --seed"),
+    (["--clusters", "20", "--points", "90"], "`dim`"),
+    (["--points", "5"], "`points`"),
+    (["--iters", "0"], "argument --iters"),
+    (["--smoke", "--iters", "0"], "argument --iters"),
 ])
 def test_cli_rejects_bad_arguments_before_running(argv, message, tmp_path,
                                                    capsys):
@@ -154,7 +168,7 @@ def test_cli_rejects_an_output_path_inside_a_file(tmp_path, capsys):
   (tmp_path / "file").write_text("")
   with pytest.raises(SystemExit):
     tc.main(["--smoke", "--out", str(tmp_path / "file" / "sub")])
-  assert "not a folder" in capsys.readouterr().err
+  assert "argument --out" in capsys.readouterr().err
 
 
 def test_bound_terms_and_fit_recover_known_constants():
