@@ -12,6 +12,7 @@ from prfl_jax import kernels
 from prfl_jax import models
 from prfl_jax.kernels import base
 from prfl_jax.kernels import ghost
+from tests import tolerances
 
 N, B = 7, 4
 
@@ -80,8 +81,8 @@ def test_one_weight_gram_by_hand(always_ghost):
   assert ctx.ghost == (True,)
   assert ctx.shared[0] is not None  # The input is the data.
   out = ghost.ghost_grads(ctx, model, (x, y))
-  np.testing.assert_allclose(out.gram, expected, rtol=1e-6)
-  np.testing.assert_allclose(out.losses, 0.5 * r**2, rtol=1e-6)
+  np.testing.assert_allclose(out.gram, expected, **tolerances.model(1e-6))
+  np.testing.assert_allclose(out.losses, 0.5 * r**2, **tolerances.model(1e-6))
   assert out.materialised == {}
 
 
@@ -123,16 +124,19 @@ def test_ghost_grads_match_materialised(always, monkeypatch):
     out = ghost.ghost_grads(ctx, model, batch)
     losses, grads = gradients.all_pairs_grads(
         _loss, jax.tree.map(lambda a, i=i: a[i:i + 1], params), batch)
-    np.testing.assert_allclose(out.gram, _tree_gram(
-        jax.tree.map(lambda g: g[0], grads)), rtol=2e-5, atol=1e-6)
-    np.testing.assert_allclose(out.losses, losses[0], rtol=1e-6)
+    gram = _tree_gram(jax.tree.map(lambda g: g[0], grads))
+    np.testing.assert_allclose(out.gram, gram, **tolerances.model(
+        2e-5, 1e-6, scale=np.max(np.abs(gram))))
+    np.testing.assert_allclose(out.losses, losses[0],
+                               **tolerances.model(1e-6))
     coefs = jnp.linspace(-1.0, 2.0, N)
     combined = ghost.combine(ctx, coefs, out, jnp.ones((N,), bool),
                              jax.tree.structure(model))
     expected = jax.tree.map(lambda g: jnp.tensordot(coefs, g[0], axes=1),
                             grads)
     jax.tree.map(lambda c, e: np.testing.assert_allclose(
-        c, e, rtol=2e-5, atol=1e-6), combined, expected)
+        c, e, **tolerances.model(2e-5, 1e-6, scale=np.max(np.abs(e)))),
+        combined, expected)
 
 
 def test_uses_ghost_counts_flops():
@@ -170,11 +174,13 @@ def test_cluster_at_models_matches_direct(plan, case, always, monkeypatch):
   if case == "nan":  # Client 5's own centre is its own NaN gradient.
     ok[5] = False
   jax.tree.map(lambda a, r: np.testing.assert_allclose(
-      np.asarray(a)[ok], np.asarray(r)[ok], rtol=1e-4, atol=1e-6),
+      np.asarray(a)[ok], np.asarray(r)[ok], **tolerances.model(
+          1e-4, 1e-6, scale=np.max(np.abs(np.asarray(r)[ok])))),
                out.centers, ref.centers)
-  np.testing.assert_allclose(out.own_loss[ok], ref.own_loss[ok], rtol=1e-6)
+  np.testing.assert_allclose(out.own_loss[ok], ref.own_loss[ok],
+                             **tolerances.model(1e-6))
   np.testing.assert_allclose(out.own_grad_norm[ok], ref.own_grad_norm[ok],
-                             rtol=1e-5)
+                             **tolerances.model(1e-5))
   np.testing.assert_array_equal(out.inside[ok], ref.inside[ok])
   assert 0 < np.sum(ref.inside) < ref.inside.size
   if case == "nan":
@@ -193,8 +199,8 @@ def test_federated_clustering_ghost_matches_gram():
     for r in range(3):
       state, _ = step(state, batch, jax.random.PRNGKey(r))
     states.append(state)
-  jax.tree.map(lambda a, r: np.testing.assert_allclose(a, r, rtol=1e-4,
-                                                       atol=1e-6),
+  jax.tree.map(lambda a, r: np.testing.assert_allclose(
+      a, r, **tolerances.model(1e-4, 1e-6, scale=np.max(np.abs(r)))),
                states[0].params, states[1].params)
 
 
@@ -271,8 +277,9 @@ def test_fixed_radius_ghost_rounds_match_gram(chunk, always_ghost):
   radius = _median_pair_distance(loss, params, batch)
   out, fractions = _fc_rounds(loss, params, batch, radius, chunk, "ghost")
   ref, ref_fractions = _fc_rounds(loss, params, batch, radius, 1, "gram")
-  jax.tree.map(lambda a, r: np.testing.assert_allclose(a, r, rtol=1e-4,
-                                                       atol=1e-6), out, ref)
+  jax.tree.map(lambda a, r: np.testing.assert_allclose(
+      a, r, **tolerances.model(1e-4, 1e-6, scale=np.max(np.abs(r)))),
+               out, ref)
   np.testing.assert_allclose(fractions, ref_fractions, rtol=1e-6)
   assert all(1 / N < f < 1 for f in ref_fractions)  # Balls that decide.
 
@@ -300,7 +307,8 @@ def test_split_block_gram_above_256_rows_with_fixed_radius(always_ghost):
   radius = _median_pair_distance(loss, params, batch)
   out, fractions = _fc_rounds(loss, params, batch, radius, None, "ghost")
   ref, ref_fractions = _fc_rounds(loss, params, batch, radius, 1, "gram")
-  jax.tree.map(lambda a, r: np.testing.assert_allclose(a, r, rtol=1e-4,
-                                                       atol=1e-6), out, ref)
+  jax.tree.map(lambda a, r: np.testing.assert_allclose(
+      a, r, **tolerances.model(1e-4, 1e-6, scale=np.max(np.abs(r)))),
+               out, ref)
   np.testing.assert_allclose(fractions, ref_fractions, rtol=1e-6)
   assert all(1 / n < f < 1 for f in ref_fractions)
