@@ -27,7 +27,6 @@ Writes to `--out` (default `results/byzantine/<dataset>`): `grid.md`,
 `figure6.png` and `config.json` (resolved configuration and versions).
 """
 
-import argparse
 import dataclasses
 import os
 import sys
@@ -40,6 +39,7 @@ import numpy as np
 
 import prfl_jax as prfl
 from experiments import classification as cls
+from experiments import cli
 from experiments import common
 
 ATTACKS = ("label_flip", "large", "bit_flip", "gaussian", "alie", "ipm",
@@ -96,6 +96,7 @@ class Config:
   gm_iters: int = 5  # Weiszfeld iterations of the geometric median.
   cc_radius: float = 1.0  # Centered clipping: radius and iterations.
   cc_iters: int = 3
+  num_groups: Optional[int] = None  # FC subgroups; None: N / 18.75.
   seed: int = 0
   out: Optional[str] = None
   smoke: bool = False
@@ -121,7 +122,10 @@ def _federation_sizes(cfg: Config, n: int) -> dict:
         f"--batch-size {cfg.hyper.batch_size}: use fewer clients per cluster "
         "or a smaller batch.")
   num_clients = cfg.num_clusters * n
-  groups = max(1, round(num_clients / PAPER_GROUP_SIZE))
+  groups = cfg.num_groups or max(1, round(num_clients / PAPER_GROUP_SIZE))
+  if groups > num_clients:
+    raise ValueError(f"--groups {groups} is more than the {num_clients} "
+                     "clients.")
   return {"clients_per_cluster": n, "num_clients": num_clients,
           "train_per_client": train, "test_per_client": test,
           "num_groups": groups}
@@ -175,9 +179,16 @@ def resolve(cfg: Config) -> Config:
     if getattr(cfg, name) is not None:
       _int_at_least(getattr(cfg, name), 1, option)
   # The aggregators check their own arguments; build them once now.
-  prfl.aggregators.trimmed_mean(cfg.trim_fraction)
-  prfl.aggregators.geometric_median(cfg.gm_iters)
-  prfl.aggregators.centered_clipping(cfg.cc_radius, cfg.cc_iters)
+  for option, build in (
+      ("--trim-fraction", lambda: prfl.aggregators.trimmed_mean(
+          cfg.trim_fraction)),
+      ("--gm-iters", lambda: prfl.aggregators.geometric_median(cfg.gm_iters)),
+      ("--cc-radius / --cc-iters", lambda: prfl.aggregators.centered_clipping(
+          cfg.cc_radius, cfg.cc_iters))):
+    try:
+      build()
+    except ValueError as e:
+      raise ValueError(f"{option}: {e}") from None
   cfg.hyper.validate({"lr": "--lr", "quantile": "--quantile",
                       "num_iters": "--num-iters",
                       "batch_size": "--batch-size"})
@@ -594,72 +605,95 @@ def figure6_markdown(cfg: Config, runs: list, header: dict) -> str:
   return "\n".join(lines) + "\n"
 
 
-def parse_list(text: str) -> tuple:
-  return tuple(v.strip() for v in text.split(",") if v.strip())
+def build_parser():
+  """The command line: every option typed (`experiments.cli`)."""
+  p = cli.parser(__doc__, out=None)
+  p.add_argument("--dataset", type=cli.choices(DATASETS, multiple=False),
+                 default="digits",
+                 help=f"one of {', '.join(DATASETS)} (default digits)")
+  p.add_argument("--data-dir", type=cli.existing_dir, default=None,
+                 help="directory of MNIST-format IDX files (else auto)")
+  p.add_argument("--source", default="auto",
+                 type=cli.choices(prfl.data.datasets.SOURCES, multiple=False),
+                 help=" | ".join(prfl.data.datasets.SOURCES))
+  p.add_argument("--part", type=cli.choices(PARTS, multiple=False),
+                 default="both", help=" | ".join(PARTS))
+  p.add_argument("--attacks", type=cli.choices(ATTACKS),
+                 default=",".join(ATTACKS))
+  p.add_argument("--fractions", default="0,0.1,0.2,0.3",
+                 type=cli.list_of(cli.real(0, 0.5, high_open=True)),
+                 help="Byzantine share of every cluster's clients, each in "
+                 "[0, 0.5)")
+  p.add_argument("--methods", type=cli.choices(METHODS),
+                 default=",".join(METHODS))
+  p.add_argument("--references", type=_references,
+                 default=",".join(REFERENCES),
+                 help="attack-free reference runs from "
+                 f"{','.join(REFERENCES)} (may be empty)")
+  p.add_argument("--clusters", type=cli.positive_int, default=4)
+  p.add_argument("--clients-per-cluster", type=cli.positive_int,
+                 default=None, help="grid (default: digits 10, else 20)")
+  p.add_argument("--fig6-clients-per-cluster", type=cli.positive_int,
+                 default=None, help="Figure 6 (default: digits 10, else 100)")
+  p.add_argument("--fig6-byzantine-fraction", default=0.5,
+                 type=cli.real(0, 1, low_open=True, high_open=True))
+  p.add_argument("--rounds", type=cli.positive_int, default=None)
+  p.add_argument("--eval-every", type=cli.positive_int, default=None)
+  p.add_argument("--lr", type=cli.real(low=0, low_open=True),
+                 default=cls.Hyper.lr)
+  p.add_argument("--quantile", type=cli.real(0, 1, low_open=True),
+                 default=cls.Hyper.quantile)
+  p.add_argument("--num-iters", type=cli.positive_int,
+                 default=cls.Hyper.num_iters)
+  p.add_argument("--batch-size", type=cli.positive_int,
+                 default=cls.Hyper.batch_size)
+  p.add_argument("--groups", type=cli.positive_int, default=None,
+                 help="FC subgroups (default: N/18.75, the paper's 16 at "
+                 "N=300)")
+  p.add_argument("--trim-fraction", type=cli.real(), default=0.3,
+                 help="trimmed mean: share dropped at each end, in [0, 0.5)")
+  p.add_argument("--gm-iters", type=cli.positive_int, default=5)
+  p.add_argument("--cc-radius", type=cli.real(), default=1.0)
+  p.add_argument("--cc-iters", type=cli.positive_int, default=3)
+  return p
 
 
-def parse_fractions(text: str) -> tuple:
-  try:
-    return tuple(float(v) for v in parse_list(text))
-  except ValueError:
-    raise ValueError(f"--fractions must be numbers like 0,0.1,0.2, got "
-                     f"{text!r}.") from None
+def _references(text: str) -> tuple:
+  """`--references`: names from REFERENCES, or "" for none."""
+  if not text.strip():
+    return ()
+  return cli.choices(REFERENCES)(text)
+
+
+def config_from_args(args) -> Config:
+  """The unresolved `Config` of parsed options."""
+  return Config(
+      dataset=args.dataset, data_dir=args.data_dir, source=args.source,
+      part=args.part, attacks=tuple(args.attacks),
+      fractions=tuple(args.fractions), methods=tuple(args.methods),
+      references=tuple(args.references), num_clusters=args.clusters,
+      clients_per_cluster=args.clients_per_cluster,
+      fig6_clients_per_cluster=args.fig6_clients_per_cluster,
+      fig6_byzantine_fraction=args.fig6_byzantine_fraction,
+      num_rounds=args.rounds, eval_every=args.eval_every,
+      hidden=8 if args.smoke else 200,
+      hyper=cls.Hyper(lr=args.lr, quantile=args.quantile,
+                      num_iters=args.num_iters,
+                      batch_size=4 if args.smoke else args.batch_size),
+      trim_fraction=args.trim_fraction, gm_iters=args.gm_iters,
+      cc_radius=args.cc_radius, cc_iters=args.cc_iters,
+      num_groups=args.groups, seed=args.seed, out=args.out, smoke=args.smoke)
+
+
+def validate(args):
+  """Cross-option checks (`resolve`); fills `--out`'s dataset default."""
+  args.out = resolve(config_from_args(args)).out
 
 
 def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--dataset", default="digits",
-                 help=f"one of {', '.join(DATASETS)} (default digits)")
-  p.add_argument("--data-dir", default=None)
-  p.add_argument("--source", default="auto")
-  p.add_argument("--part", default="both", help="both | figure6 | grid")
-  p.add_argument("--attacks", default=",".join(ATTACKS))
-  p.add_argument("--fractions", default="0,0.1,0.2,0.3",
-                 help="Byzantine share of every cluster's clients")
-  p.add_argument("--methods", default=",".join(METHODS))
-  p.add_argument("--references", default=",".join(REFERENCES),
-                 help="attack-free reference runs (may be empty)")
-  p.add_argument("--clusters", type=int, default=4)
-  p.add_argument("--clients-per-cluster", type=int, default=None,
-                 help="grid (default: digits 10, else 20)")
-  p.add_argument("--fig6-clients-per-cluster", type=int, default=None,
-                 help="Figure 6 (default: digits 10, else 100)")
-  p.add_argument("--fig6-byzantine-fraction", type=float, default=0.5)
-  p.add_argument("--rounds", type=int, default=None)
-  p.add_argument("--eval-every", type=int, default=None)
-  p.add_argument("--lr", type=float, default=cls.Hyper.lr)
-  p.add_argument("--quantile", type=float, default=cls.Hyper.quantile)
-  p.add_argument("--num-iters", type=int, default=cls.Hyper.num_iters)
-  p.add_argument("--batch-size", type=int, default=cls.Hyper.batch_size)
-  p.add_argument("--trim-fraction", type=float, default=0.3)
-  p.add_argument("--gm-iters", type=int, default=5)
-  p.add_argument("--cc-radius", type=float, default=1.0)
-  p.add_argument("--cc-iters", type=int, default=3)
-  p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--out", default=None)
-  p.add_argument("--smoke", action="store_true",
-                 help="tiny federations and 2 rounds: seconds")
-  args = p.parse_args(argv)
-  try:
-    cfg = resolve(Config(
-        dataset=args.dataset, data_dir=args.data_dir, source=args.source,
-        part=args.part, attacks=parse_list(args.attacks),
-        fractions=parse_fractions(args.fractions),
-        methods=parse_list(args.methods),
-        references=parse_list(args.references), num_clusters=args.clusters,
-        clients_per_cluster=args.clients_per_cluster,
-        fig6_clients_per_cluster=args.fig6_clients_per_cluster,
-        fig6_byzantine_fraction=args.fig6_byzantine_fraction,
-        num_rounds=args.rounds, eval_every=args.eval_every,
-        hidden=8 if args.smoke else 200,
-        hyper=cls.Hyper(lr=args.lr, quantile=args.quantile,
-                        num_iters=args.num_iters,
-                        batch_size=4 if args.smoke else args.batch_size),
-        trim_fraction=args.trim_fraction, gm_iters=args.gm_iters,
-        cc_radius=args.cc_radius, cc_iters=args.cc_iters, seed=args.seed,
-        out=args.out, smoke=args.smoke))
-  except ValueError as e:
-    p.error(str(e))
+  args = cli.parse(build_parser(), argv, check=validate)
+  cfg = resolve(config_from_args(args))
+  cli.write_config(cfg.out, cfg)
   log = lambda s: print(s, flush=True)
   argv = sys.argv[1:] if argv is None else list(argv)
   return run(cfg, log, command=" ".join(["python -m experiments.byzantine"] +
@@ -675,9 +709,8 @@ def run(cfg: Config, log=print, command: str = "") -> dict:
   log(f"Data: {ds.source}, {len(ds.labels)} images")
   model = cls.mlp(int(np.prod(ds.images.shape[1:])), cfg.hidden,
                   ds.num_classes)
-  common.write_json(f"{cfg.out}/config.json", {
-      "command": command, "config": dataclasses.asdict(cfg),
-      "versions": cls.versions(), "data_source": ds.source,
+  cli.write_config(cfg.out, cfg, extra={
+      "command_line": command, "data_source": ds.source,
       "model": model.description})
   header = lambda: {
       "command": f"`{command}`" if command else "-",

@@ -144,3 +144,15 @@ def test_smoke_run_writes_every_output(tmp_path, capsys):
   assert (out / "grid.csv").read_text().startswith("accuracy,")
   assert not list(out.glob(".tmp-*"))
   assert result["checks"] == grid["checks"]
+
+
+def test_groups_option_sets_fc_subgroups_and_is_checked(no_data_load, capsys):
+  """`--groups` overrides N/18.75 (mutation seen to fail: the override
+  ignored in `_federation_sizes`); more groups than clients is refused."""
+  cfg = byzantine.resolve(byzantine.config_from_args(
+      byzantine.build_parser().parse_args(["--groups", "1"])))
+  assert cfg.sizes["grid"]["num_groups"] == 1
+  assert cfg.sizes["figure6"]["num_groups"] == 1
+  with pytest.raises(SystemExit):
+    byzantine.main(["--groups", "41"])
+  assert "--groups 41" in capsys.readouterr().err
