@@ -230,8 +230,12 @@ def _torch_to_flax_order(torch, net, spec: Spec, flat) -> np.ndarray:
 
 
 def run_torch_loop(spec: Spec, params, batch, radius, num_iters, threads,
-                   repeats, budget_s):
-  """The paper's per-pair loop in PyTorch on CPU; None without torch."""
+                   repeats, budget_s, device="cpu"):
+  """The paper's per-pair loop in PyTorch on `device`; None without torch.
+
+  The round ends by copying the centres to the host, which waits for a
+  GPU's queued work, so the timing is the whole round on either device.
+  """
   try:
     import torch  # pylint: disable=g-import-not-at-top
     from torch.nn import functional as F  # pylint: disable=g-import-not-at-top
@@ -240,10 +244,11 @@ def run_torch_loop(spec: Spec, params, batch, radius, num_iters, threads,
   from benchmarks import bench_round  # pylint: disable=g-import-not-at-top
   n = jax.tree.leaves(params)[0].shape[0]
   nets = [_torch_net(torch, spec, jax.tree.map(lambda a, i=i: a[i], params))
-          for i in range(n)]
+          .to(device) for i in range(n)]
   xs = [torch.from_numpy(np.array(batch[0][j])).permute(0, 3, 1, 2)
-        .contiguous() for j in range(n)]
-  ys = [torch.from_numpy(np.array(batch[1][j], np.int64)) for j in range(n)]
+        .contiguous().to(device) for j in range(n)]
+  ys = [torch.from_numpy(np.array(batch[1][j], np.int64)).to(device)
+        for j in range(n)]
 
   def round_():
     centers = []
@@ -257,7 +262,7 @@ def run_torch_loop(spec: Spec, params, batch, radius, num_iters, threads,
         z = torch.stack(grads)
         centers.append(bench_round.torch_threshold_clustering(
             torch, z, z[i].clone(), radius, num_iters))
-    return torch.stack(centers)
+    return torch.stack(centers).cpu()
 
   default = torch.get_num_threads()
   torch.set_num_threads(threads or default)
@@ -266,7 +271,8 @@ def run_torch_loop(spec: Spec, params, batch, radius, num_iters, threads,
     res["torch_threads"] = torch.get_num_threads()
   finally:
     torch.set_num_threads(default)
-  res["out"] = _torch_to_flax_order(torch, nets[0], spec,
+  res["torch_device"] = device
+  res["out"] = _torch_to_flax_order(torch, nets[0].cpu(), spec,
                                     res["out"].numpy())
   return res
 
@@ -288,10 +294,15 @@ def bench(spec: Spec, n: int, args, radius) -> list:
   plans = {"prfl gram": prfl.ExecutionPlan(1, "gram"),
            "prfl auto": prfl.ExecutionPlan()}
   for name in args.configs:
+    if f"{spec.name}:{n}:{name}" in args.skip:
+      print(f"  {spec.name:5s} N={n:3d} {name:16s} skipped (--skip)",
+            flush=True)
+      continue
     if name == "torch-loop":
       for threads in args.torch_threads:
         res = run_torch_loop(spec, params, batch, radius, args.num_iters,
-                             threads, args.loop_repeats, args.budget_s)
+                             threads, args.loop_repeats, args.budget_s,
+                             device=args.torch_device)
         if res is None:
           print("  torch is not importable: no PyTorch loop.", flush=True)
           break
@@ -389,6 +400,15 @@ def main(argv=None) -> int:
                  default=(0, 1),
                  help="torch.set_num_threads per run of the loop (0: torch's "
                  "default); 'x torch' is against the fastest")
+  p.add_argument("--skip", type=lambda t: tuple(
+      s.strip() for s in t.split(",") if s.strip()),
+                 default=("vgg8:16:prfl gram",),
+                 help="MODEL:N:CONFIG entries not to run (default: the "
+                 "Gram kernel on VGG-8 at N = 16, ~30 min per call on 2 "
+                 "cores); the centres are then compared with the first "
+                 "configuration run")
+  p.add_argument("--torch-device", default="cpu",
+                 help="device of the PyTorch loop (cpu, cuda)")
   p.add_argument("--width-divisor", type=_positive_int, default=1,
                  help="divide every channel and hidden width (smaller nets)")
   p.add_argument("--seed", type=int, default=0)
@@ -411,11 +431,19 @@ def main(argv=None) -> int:
   print(f"load average {info['loadavg']}, {info['cpu_count']} CPUs, jax "
         f"{info['jax']}, torch {info['torch']}", flush=True)
   rows = []
+
+  def save(complete):
+    experiments_common.write_json(args.out, dict(
+        args=vars(args), machine=info, complete=complete,
+        specs={m: dataclasses.asdict(SPECS[m].scaled(args.width_divisor))
+               for m in args.models}, rows=rows))
+
   for name in args.models:
     spec = SPECS[name].scaled(args.width_divisor)
     for n in args.clients:
       rows.extend(bench(spec, n, args, radius))
-  info["loadavg_end"] = os.getloadavg()
+      info["loadavg_end"] = os.getloadavg()
+      save(complete=False)  # A long run keeps what it has measured.
   print()
   print(f"batch {args.batch_size}, radius {radius_text}, {args.num_iters} "
         f"clustering steps, widths / {args.width_divisor}; x torch = "
@@ -423,10 +451,7 @@ def main(argv=None) -> int:
         "max |centre - prfl gram centre|.")
   print(common.format_table(rows, COLUMNS))
   print(f"load average start {info['loadavg']} end {info['loadavg_end']}")
-  experiments_common.write_json(args.out, dict(
-      args=vars(args), machine=info,
-      specs={m: dataclasses.asdict(SPECS[m].scaled(args.width_divisor))
-             for m in args.models}, rows=rows))
+  save(complete=True)
   print(f"saved {args.out}")
   bad = [r for r in rows if not r["rel_diff"] < 1e-3]
   if bad:

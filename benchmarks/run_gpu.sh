@@ -16,3 +16,15 @@ timeout "${ROUND_TIMEOUT:-400}" python3 -m benchmarks.bench_round \
   --gemm-size 8192 --max-full-n 64 --repeats 10 --budget-s 10 \
   --plans "full:gram,1:gram,4:gram,16:gram,full:ghost,1:ghost,4:ghost,16:ghost" \
   --out "$out/round_gpu.json" 2>&1 | tee "$out/round_gpu.log"
+# User-written Flax CNN and VGG-8 rounds against the PyTorch loop on CUDA.
+timeout "${MODELS_TIMEOUT:-240}" python3 -m benchmarks.bench_models \
+  --clients "${MODEL_CLIENTS:-16,32,64}" --torch-device cuda \
+  --torch-threads 0 --configs torch-loop,"prfl auto" --repeats 5 \
+  --budget-s 10 --out "$out/models_gpu.json" 2>&1 | tee "$out/models_gpu.log"
+# The test suite at JAX's default precision (TF32 matmuls on this GPU): the
+# library computes its distances and Gram matrices at HIGHEST itself, and the
+# tests' tolerances (tests/tolerances.py) say where the model's own matmuls
+# may round. Summary line and failures in tests_gpu.log.
+env -u JAX_DEFAULT_MATMUL_PRECISION timeout "${TESTS_TIMEOUT:-420}" \
+  python3 -m pytest -q -p no:cacheprovider 2>&1 | tail -40 \
+  | tee "$out/tests_gpu.log"

@@ -20,7 +20,9 @@ def test_smoke_run_agrees_and_writes_json(tmp_path):
   out = tmp_path / "models.json"
   assert bench_models.main(["--smoke", "--models", "cnn", "--out",
                             str(out)]) == 0
-  rows = json.loads(out.read_text())["rows"]
+  record = json.loads(out.read_text())
+  assert record["complete"]  # Saved after every (model, N), then complete.
+  rows = record["rows"]
   configs = {r["config"] for r in rows}
   assert configs == {"torch-loop/1t", "prfl gram", "prfl auto"}
   for r in rows:
