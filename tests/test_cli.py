@@ -122,3 +122,21 @@ def test_write_csv_refuses_no_rows(tmp_path):
   with pytest.raises(ValueError, match="no rows"):
     common.write_csv(str(tmp_path / "s.csv"), [])
   assert not list(tmp_path.iterdir())
+
+
+def test_compile_cache_follows_the_environment(tmp_path, monkeypatch):
+  """`PRFL_JAX_COMPILE_CACHE`: a directory turns JAX's persistent cache on
+  there; `off` leaves it off (mutation seen to fail: ignoring the variable)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  before = jax.config.jax_compilation_cache_dir
+  try:
+    monkeypatch.setenv(cli.CACHE_ENV, "off")
+    assert cli.enable_compile_cache() is None
+    assert jax.config.jax_compilation_cache_dir == before
+    path = str(tmp_path / "xla")
+    monkeypatch.setenv(cli.CACHE_ENV, path)
+    assert cli.enable_compile_cache() == path
+    assert jax.config.jax_compilation_cache_dir == path
+    assert cli.platform_info()["compile_cache"] == path
+  finally:
+    jax.config.update("jax_compilation_cache_dir", before)
