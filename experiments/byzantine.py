@@ -608,14 +608,7 @@ def figure6_markdown(cfg: Config, runs: list, header: dict) -> str:
 def build_parser():
   """The command line: every option typed (`experiments.cli`)."""
   p = cli.parser(__doc__, out=None)
-  p.add_argument("--dataset", type=cli.choices(DATASETS, multiple=False),
-                 default="digits",
-                 help=f"one of {', '.join(DATASETS)} (default digits)")
-  p.add_argument("--data-dir", type=cli.existing_dir, default=None,
-                 help="directory of MNIST-format IDX files (else auto)")
-  p.add_argument("--source", default="auto",
-                 type=cli.choices(prfl.data.datasets.SOURCES, multiple=False),
-                 help=" | ".join(prfl.data.datasets.SOURCES))
+  cli.add_dataset_options(p, DATASETS)
   p.add_argument("--part", type=cli.choices(PARTS, multiple=False),
                  default="both", help=" | ".join(PARTS))
   p.add_argument("--attacks", type=cli.choices(ATTACKS),

@@ -197,6 +197,26 @@ def parser(description: Optional[str], *, out: str,
   return p
 
 
+def add_dataset_options(p: argparse.ArgumentParser, datasets: Sequence[str],
+                        default: str = "digits"):
+  """Adds `--dataset`, `--data-dir` and `--source` (MNIST-type experiments).
+
+  Args:
+    p: a parser from `parser`.
+    datasets: the names `--dataset` accepts.
+    default: `--dataset`'s default.
+  """
+  from prfl_jax.data import datasets as sources  # pylint: disable=import-outside-toplevel
+  p.add_argument("--dataset", type=choices(datasets, multiple=False),
+                 default=default,
+                 help=f"one of {', '.join(datasets)} (default {default})")
+  p.add_argument("--data-dir", type=existing_dir, default=None,
+                 help="directory of MNIST-format IDX files (else auto)")
+  p.add_argument("--source", default="auto",
+                 type=choices(sources.SOURCES, multiple=False),
+                 help=" | ".join(sources.SOURCES))
+
+
 def parse(p: argparse.ArgumentParser, argv: Optional[Sequence[str]] = None,
           *, check: Optional[Callable[[argparse.Namespace], None]] = None
           ) -> argparse.Namespace:
@@ -334,7 +354,7 @@ def write_config(out: str, config, *, seed: Optional[int] = None,
 
 
 __all__ = [
-    "check_writable", "choices", "enable_compile_cache", "existing_dir", "integer", "list_of",
+    "add_dataset_options", "check_writable", "choices", "enable_compile_cache", "existing_dir", "integer", "list_of",
     "parse", "parser", "platform_info", "positive_int", "real", "versions",
     "write_config",
 ]

@@ -206,14 +206,7 @@ def build_parser():
   """The command line (every option typed; `--out` default by dataset)."""
   p = cli.parser(__doc__, out=None,
                  smoke={"rounds": "4", "clients_per_cluster": "3"})
-  p.add_argument("--dataset", type=cli.choices(DATASETS, multiple=False),
-                 default="digits",
-                 help=f"one of {', '.join(DATASETS)} (default digits)")
-  p.add_argument("--data-dir", type=cli.existing_dir, default=None,
-                 help="directory of MNIST-format IDX files (else auto)")
-  p.add_argument("--source", default="auto",
-                 type=cli.choices(prfl.data.datasets.SOURCES, multiple=False),
-                 help=" | ".join(prfl.data.datasets.SOURCES))
+  cli.add_dataset_options(p, DATASETS)
   p.add_argument("--algorithms", type=cli.choices(cls.ALGORITHMS),
                  default=",".join(cls.ALGORITHMS),
                  help="comma list from " + ",".join(cls.ALGORITHMS))
