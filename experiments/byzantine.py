@@ -480,7 +480,8 @@ def grid_markdown(cfg: Config, rows: list, header: dict) -> str:
         r = by[(f, a, m)]
         cell = _acc(r)
         if m == "fc" and a != "none":
-          cell += (f" ({100 * (r['accuracy'] - clean_fc['accuracy']):+.1f};"
+          change = round(100 * (r["accuracy"] - clean_fc["accuracy"]), 1)
+          cell += (f" ({change + 0.0:+.1f};"
                    f" byz {r['byzantine_in_ball']:.2f})")
         cells.append(cell)
       lines.append("| " + " | ".join(cells) + " |")
@@ -516,11 +517,12 @@ def plot_heatmap(cfg: Config, rows: list, path: str):
   methods = list(cfg.methods)
   fractions = [f for f in sorted(cfg.fractions) if f > 0] or [0.0]
   cols = ["none"] + list(cfg.attacks)
-  fig, axes = plt.subplots(1, max(1, len(fractions)), squeeze=False,
-                           figsize=(0.9 * len(cols) * max(1, len(fractions))
-                                    + 3, 0.5 * len(methods) + 2.5))
+  fig, axes = plt.subplots(
+      len(fractions), 1, squeeze=False, sharex=True, constrained_layout=True,
+      figsize=(0.8 * len(cols) + 4, (0.4 * len(methods) + 0.9) *
+               len(fractions) + 1.6))
   image = None
-  for ax, f in zip(axes[0], fractions):
+  for ax, f in zip(axes[:, 0], fractions):
     grid = np.full((len(methods), len(cols)), np.nan)
     for i, m in enumerate(methods):
       for j, a in enumerate(cols):
@@ -530,19 +532,22 @@ def plot_heatmap(cfg: Config, rows: list, path: str):
           ax.text(j, i, _acc(r), ha="center", va="center", fontsize=7,
                   color="white" if grid[i, j] < 50 else "black")
     image = ax.imshow(grid, vmin=0, vmax=100, cmap="viridis", aspect="auto")
-    ax.set_xticks(range(len(cols)))
-    ax.set_xticklabels([ATTACK_LABELS[a] for a in cols], rotation=60,
-                       ha="right", fontsize=8)
     ax.set_yticks(range(len(methods)))
     ax.set_yticklabels([LABELS[m] for m in methods], fontsize=8)
     for lbl in ax.get_yticklabels():
       if lbl.get_text() == LABELS["fc"]:
         lbl.set_fontweight("bold")
-    ax.set_title(f"{int(100 * f)}% Byzantine clients per cluster")
-  fig.colorbar(image, ax=axes[0].tolist(), fraction=0.02,
+    ax.set_title(f"{int(100 * f)}% Byzantine clients per cluster "
+                 "(first column: they behave honestly)", fontsize=9)
+  bottom = axes[-1, 0]
+  bottom.set_xticks(range(len(cols)))
+  bottom.set_xticklabels([ATTACK_LABELS[a] for a in cols], rotation=40,
+                         ha="right", fontsize=8)
+  bottom.set_xlabel("attack")
+  fig.colorbar(image, ax=axes[:, 0].tolist(), fraction=0.03,
                label="benign mean test accuracy (%)")
-  fig.suptitle(f"Byzantine grid ({cfg.dataset}, private label, "
-               f"{cfg.num_rounds} rounds); † = NaN/Inf in a benign model")
+  fig.suptitle(f"Byzantine grid: {cfg.dataset}, private label, "
+               f"{cfg.num_rounds} rounds († = NaN/Inf in a benign model)")
   common.save_figure(fig, path)
   plt.close(fig)
 
