@@ -150,3 +150,16 @@ def test_series_styles_are_distinct_and_fc_is_prominent():
   assert len(keys) == len(names)
   assert styles[names.index("fc")]["linewidth"] > max(
       s["linewidth"] for n, s in zip(names, styles) if n != "fc")
+
+
+def test_summary_rows_by_hand():
+  run = {"algorithm": "fc", "accuracy": 0.8, "loss": 0.5,
+         "accuracy_per_cluster": np.array([0.7, 0.9]),
+         # 21 evaluations; the last quarter starts at evaluation 15 (0.6).
+         "curve_accuracy": np.linspace(0.0, 0.8, 21), "rounds": 300,
+         "seconds": 3.04}
+  (row,) = cls.summary_rows({"rotation": [run]})
+  assert row == {"task": "rotation", "algorithm": "fc", "accuracy_pct": 80.0,
+                 "loss": 0.5, "worst_cluster_accuracy_pct": 70.0,
+                 "gain_last_quarter_pts": 20.0, "rounds": 300,
+                 "seconds": 3.0}
