@@ -16,6 +16,7 @@ Two kernels compute the same thing:
   each step is `O(K * N^2)`, independent of the model size `P`.
 """
 
+import functools
 from typing import Any, Callable, NamedTuple, Union
 
 import jax
@@ -292,7 +293,13 @@ def _prepare(points, init_centers, radius, num_iters, weights, method):
         "K must be <= N.")
   _check_num_iters(num_iters)
   check_radius(radius, k, n)
-  return as_float(points), as_float(init_centers), check_weights(weights, n)
+  points, init_centers = as_float(points), as_float(init_centers)
+  # Weights (and so the centre update's coefficients) in float32, or float64
+  # for float64 points under x64: never below float32, never below the data.
+  dtype = functools.reduce(jnp.promote_types,
+                           [x.dtype for x in jax.tree.leaves(points)],
+                           jnp.dtype(jnp.float32))
+  return points, init_centers, check_weights(weights, n).astype(dtype)
 
 
 class _DirectCarry(NamedTuple):
@@ -312,11 +319,15 @@ def _direct(points, init_centers, radius, num_iters, weights):
   w_scaled = weights / jnp.where(total > 0, total, 1.0)
   k = tree_lib.num_leading(init_centers)
   n = weights.shape[0]
+  # The radius has the distances' dtype (float64 points under x64 included).
+  tau_dtype = jax.eval_shape(tree_lib.sq_distances, points,
+                             init_centers).dtype
 
   def body(_, carry: _DirectCarry) -> _DirectCarry:
     d2 = tree_lib.sq_distances(points, carry.centers).T  # [K, N]
     inside, tau = _inside(d2, jnp.broadcast_to(finite, d2.shape),
                           weights > 0, radius)
+    tau = tau.astype(tau_dtype)
     coefs = jnp.where(inside, w_scaled[None, :], 0.0)  # [K, N]
     keep = 1.0 - jnp.sum(coefs, axis=1)  # [K]
     moved = tree_lib.combine(coefs, points)
@@ -326,7 +337,7 @@ def _direct(points, init_centers, radius, num_iters, weights):
     return _DirectCarry(centers, inside, tau)
 
   init = _DirectCarry(init_centers, jnp.zeros((k, n), bool),
-                      jnp.zeros((k,), w_scaled.dtype))
+                      jnp.zeros((k,), tau_dtype))
   out = lax.fori_loop(0, num_iters, body, init)
   return out.centers, ClusteringInfo(out.inside, out.tau)
 
