@@ -100,6 +100,45 @@ def test_block_gram_matches_plain(n, monkeypatch):
   np.testing.assert_allclose(out, plain, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("n, m, blocks", [
+    (2, 2, [(2, 2)]),  # 4 rows = _MIN_SPLIT_ROWS: one block, no split.
+    (2, 3, [(1, 1)] * 3),  # 6 rows: split down to single clients.
+    (2, 5, [(1, 1)] * 3),  # A single client above the limit: not split.
+    (3, 3, [(1, 1)] * 4 + [(1, 2)]),  # 1 + 2 clients, the 2 split again.
+])
+def test_block_gram_splits_where_it_should(n, m, blocks, monkeypatch):
+  """`_block_gram` splits exactly when it has >= 2 clients and more than
+  `_MIN_SPLIT_ROWS` rows, and computes each off-diagonal block once; the
+  result stays the plain block sums. The `_cross` calls are recorded as
+  `(n1, n2)` (client counts of each block).
+
+  Mutations seen to fail (issue 12's mutation run): the stop test
+  `n < 2 or rows <= _MIN_SPLIT_ROWS` written with `and` (a single client
+  above the limit then splits into an empty half and fails), as
+  `n <= 2` or `n < 3` (two clients above the limit are no longer split, so
+  the off-diagonal block is computed twice), and `rows < _MIN_SPLIT_ROWS`
+  (a block of exactly the limit is split).
+  """
+  monkeypatch.setattr(ghost, "_MIN_SPLIT_ROWS", 4)
+  calls = []
+  cross = ghost._cross
+
+  def recording_cross(ka, d1, d2, n1, n2):
+    calls.append((n1, n2))
+    return cross(ka, d1, d2, n1, n2)
+
+  monkeypatch.setattr(ghost, "_cross", recording_cross)
+  rng = np.random.default_rng(m)
+  a = rng.normal(size=(n * m, 3))
+  d = rng.normal(size=(n * m, 2))
+  ka = a @ a.T + 1
+  plain = (ka * (d @ d.T)).reshape(n, m, n, m).sum(axis=(1, 3))
+  out = ghost._block_gram(jnp.asarray(ka, jnp.float32),
+                          jnp.asarray(d, jnp.float32), n)
+  assert sorted(calls) == blocks
+  np.testing.assert_allclose(out, plain, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("always", [True, False])
 def test_ghost_grads_match_materialised(always, monkeypatch):
   """Gram, losses and combinations equal those of materialised gradients.

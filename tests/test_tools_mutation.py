@@ -25,6 +25,11 @@ def test_core_preset_resolves_and_mutants_compile(capsys):
     assert name in listing
   # The rank formula of the quantile is among the mutants.
   assert "'count - 1' -> 'count + 1'" in listing
+  # So is the owner-centring of the Gram kernels (its `+ G_ii` term): the
+  # engine's kernel registry once moved it out of the preset's reach, where
+  # it was skipped with a note only.
+  assert "'gram - col[:, None] - col[None, :] + gram[index, index]' -> " in (
+      listing)
   mutants = []
   for target in tool.resolve_preset():
     where = target.partition("=")[0]
