@@ -21,6 +21,17 @@ timeout "${MODELS_TIMEOUT:-240}" python3 -m benchmarks.bench_models \
   --clients "${MODEL_CLIENTS:-16,32,64}" --torch-device cuda \
   --torch-threads 0 --configs torch-loop,"prfl auto" --repeats 5 \
   --budget-s 10 --out "$out/models_gpu.json" 2>&1 | tee "$out/models_gpu.log"
+# Figures 4 and 5 (VGG-16 / VGG-8): on the real CIFAR binaries when the run
+# carries them (CIFAR10_DIR / CIFAR100_DIR), else a short run on generated
+# CIFAR-shaped images (speed and plumbing of the full-size models only).
+if [ -n "${CIFAR10_DIR:-}" ]; then c10=(--data-dir "$CIFAR10_DIR");
+else c10=(--dataset synthetic --rounds "${CIFAR_ROUNDS:-20}"); fi
+if [ -n "${CIFAR100_DIR:-}" ]; then c100=(--data-dir "$CIFAR100_DIR");
+else c100=(--dataset synthetic --rounds "${CIFAR_ROUNDS:-20}"); fi
+timeout "${CIFAR_TIMEOUT:-300}" python3 -m experiments.cifar10 "${c10[@]}" \
+  --out "$out/cifar10" 2>&1 | tail -30 | tee "$out/cifar10.log"
+timeout "${CIFAR_TIMEOUT:-300}" python3 -m experiments.cifar100 "${c100[@]}" \
+  --out "$out/cifar100" 2>&1 | tail -30 | tee "$out/cifar100.log"
 # The test suite at JAX's default precision (TF32 matmuls on this GPU): the
 # library computes its distances and Gram matrices at HIGHEST itself, and the
 # tests' tolerances (tests/tolerances.py) say where the model's own matmuls
