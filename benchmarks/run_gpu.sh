@@ -1,41 +1,71 @@
 #!/usr/bin/env bash
-# The GPU benchmarks, as one script for a lent GPU machine (see README.md).
-# Writes JSON and logs to ${OUT:-benchmarks/results}. fp32 throughout: JAX's
-# default matmul precision is set to "highest" (no TF32), as PyTorch's is.
+# The GPU checks, as one script for a lent GPU machine (see README.md).
+# Writes logs and JSON to ${OUT:-benchmarks/results}. STEPS picks and orders
+# the steps (default: all, the test suite first since it is the trust check):
+#   tests   the whole suite at JAX's default precision (TF32 matmuls on NVIDIA)
+#   round   bench_round: one FC round, prfl kernels vs the PyTorch loop (CUDA)
+#   models  bench_models: user-written Flax CNN / VGG-8 vs the PyTorch loop
+#   cifar   Figures 4-5 (VGG-16 / VGG-8): the real CIFAR binaries when the run
+#           carries them (CIFAR10_DIR / CIFAR100_DIR), else a short run on
+#           generated CIFAR-shaped images (speed and plumbing only)
+# The benchmarks set JAX's default matmul precision to "highest" (no TF32),
+# as PyTorch's float32 default is; the tests do not.
 set -u -o pipefail
 out="$(realpath -m "${OUT:-benchmarks/results}")"
 mkdir -p "$out"
-export PYTHONUNBUFFERED=1 JAX_DEFAULT_MATMUL_PRECISION=highest \
-  XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=.
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=.
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv \
   | tee "$out/gpu_info.txt"
-python3 -c "import jax, torch; print(jax.__version__, jax.devices(), torch.__version__)" \
-  | tee -a "$out/gpu_info.txt"
-timeout "${ROUND_TIMEOUT:-400}" python3 -m benchmarks.bench_round \
-  --clients "${CLIENTS:-8,16,32,64}" --torch-device cuda --torch-threads 0 \
-  --gemm-size 8192 --max-full-n 64 --repeats 10 --budget-s 10 \
-  --plans "full:gram,1:gram,4:gram,16:gram,full:ghost,1:ghost,4:ghost,16:ghost" \
-  --out "$out/round_gpu.json" 2>&1 | tee "$out/round_gpu.log"
-# User-written Flax CNN and VGG-8 rounds against the PyTorch loop on CUDA.
-timeout "${MODELS_TIMEOUT:-240}" python3 -m benchmarks.bench_models \
-  --clients "${MODEL_CLIENTS:-16,32,64}" --torch-device cuda \
-  --torch-threads 0 --configs torch-loop,"prfl auto" --repeats 5 \
-  --budget-s 10 --out "$out/models_gpu.json" 2>&1 | tee "$out/models_gpu.log"
-# Figures 4 and 5 (VGG-16 / VGG-8): on the real CIFAR binaries when the run
-# carries them (CIFAR10_DIR / CIFAR100_DIR), else a short run on generated
-# CIFAR-shaped images (speed and plumbing of the full-size models only).
-if [ -n "${CIFAR10_DIR:-}" ]; then c10=(--data-dir "$CIFAR10_DIR");
-else c10=(--dataset synthetic --rounds "${CIFAR_ROUNDS:-20}"); fi
-if [ -n "${CIFAR100_DIR:-}" ]; then c100=(--data-dir "$CIFAR100_DIR");
-else c100=(--dataset synthetic --rounds "${CIFAR_ROUNDS:-20}"); fi
-timeout "${CIFAR_TIMEOUT:-300}" python3 -m experiments.cifar10 "${c10[@]}" \
-  --out "$out/cifar10" 2>&1 | tail -30 | tee "$out/cifar10.log"
-timeout "${CIFAR_TIMEOUT:-300}" python3 -m experiments.cifar100 "${c100[@]}" \
-  --out "$out/cifar100" 2>&1 | tail -30 | tee "$out/cifar100.log"
-# The test suite at JAX's default precision (TF32 matmuls on this GPU): the
-# library computes its distances and Gram matrices at HIGHEST itself, and the
-# tests' tolerances (tests/tolerances.py) say where the model's own matmuls
-# may round. Summary line and failures in tests_gpu.log.
-env -u JAX_DEFAULT_MATMUL_PRECISION timeout "${TESTS_TIMEOUT:-420}" \
-  python3 -m pytest -q -p no:cacheprovider 2>&1 | tail -40 \
-  | tee "$out/tests_gpu.log"
+python3 -c "import jax, flax, optax, torch; print('jax', jax.__version__, \
+'flax', flax.__version__, 'optax', optax.__version__, jax.devices(), \
+'torch', torch.__version__)" | tee -a "$out/gpu_info.txt"
+
+run_tests() {
+  # pytest-xdist when the machine has it (the suite is compile-bound).
+  local workers=()
+  if python3 -c "import xdist" 2>/dev/null; then
+    workers=(-n "${TEST_WORKERS:-8}")
+  fi
+  env -u JAX_DEFAULT_MATMUL_PRECISION timeout "${TESTS_TIMEOUT:-420}" \
+    python3 -m pytest -q -p no:cacheprovider "${workers[@]}" -rf \
+    ${TESTS_ARGS:-} 2>&1 | tee "$out/tests_gpu.log" | tail -60
+}
+
+run_round() {
+  JAX_DEFAULT_MATMUL_PRECISION=highest timeout "${ROUND_TIMEOUT:-400}" \
+    python3 -m benchmarks.bench_round \
+    --clients "${CLIENTS:-8,16,32,64}" --torch-device cuda --torch-threads 0 \
+    --gemm-size 8192 --max-full-n 64 --repeats 10 --budget-s 10 \
+    --plans "${ROUND_PLANS:-full:gram,1:gram,4:gram,16:gram,full:ghost,1:ghost,4:ghost,16:ghost}" \
+    --out "$out/round_gpu.json" 2>&1 | tee "$out/round_gpu.log"
+}
+
+run_models() {
+  JAX_DEFAULT_MATMUL_PRECISION=highest timeout "${MODELS_TIMEOUT:-240}" \
+    python3 -m benchmarks.bench_models \
+    --clients "${MODEL_CLIENTS:-16,32,64}" --torch-device cuda \
+    --torch-threads 0 --configs torch-loop,"prfl auto" --repeats 5 \
+    --budget-s "${MODELS_BUDGET_S:-10}" --out "$out/models_gpu.json" 2>&1 \
+    | tee "$out/models_gpu.log"
+}
+
+run_cifar() {
+  local c10 c100
+  if [ -n "${CIFAR10_DIR:-}" ]; then c10=(--data-dir "$CIFAR10_DIR");
+  else c10=(--dataset synthetic --rounds "${CIFAR_ROUNDS:-20}"); fi
+  if [ -n "${CIFAR100_DIR:-}" ]; then c100=(--data-dir "$CIFAR100_DIR");
+  else c100=(--dataset synthetic --rounds "${CIFAR_ROUNDS:-20}"); fi
+  JAX_DEFAULT_MATMUL_PRECISION=highest timeout "${CIFAR_TIMEOUT:-300}" \
+    python3 -m experiments.cifar10 "${c10[@]}" --out "$out/cifar10" 2>&1 \
+    | tail -30 | tee "$out/cifar10.log"
+  JAX_DEFAULT_MATMUL_PRECISION=highest timeout "${CIFAR_TIMEOUT:-300}" \
+    python3 -m experiments.cifar100 "${c100[@]}" --out "$out/cifar100" 2>&1 \
+    | tail -30 | tee "$out/cifar100.log"
+}
+
+for step in ${STEPS:-tests round models cifar}; do
+  echo "== $step  $(date -u +%H:%M:%S)"
+  start=$SECONDS
+  "run_$step"
+  echo "== $step took $((SECONDS - start)) s"
+done
