@@ -379,6 +379,7 @@ SMOKE = dict(clients=(2,), batch_size=2, width_divisor=16, repeats=1,
              loop_repeats=1, budget_s=1.0, torch_threads=(1,))
 
 
+@common.float32_matmuls
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--models", type=_choices(tuple(SPECS)), default=("cnn",

@@ -329,6 +329,7 @@ COLUMNS = [
 ]
 
 
+@common.float32_matmuls
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--clients", default="8,16,32,64",

@@ -29,6 +29,35 @@ RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
 mlp_loss = models.mlp_classifier_loss(2)
 
 
+def float32_matmuls(fn: Callable) -> Callable:
+  """Runs `fn` with every float32 matmul and convolution at full float32.
+
+  The benchmarks compare fp32 with fp32: JAX's default matmul precision is
+  TF32 on NVIDIA GPUs, and PyTorch runs cuDNN convolutions in TF32 by
+  default. Inside `fn`, JAX's default precision is "highest" and PyTorch's
+  TF32 switches are off (both restored after), whatever the environment
+  says, so a benchmark called from a test or a notebook measures the same
+  arithmetic as `benchmarks/run_gpu.sh`.
+  """
+  @functools.wraps(fn)
+  def wrapped(*args, **kwargs):
+    try:
+      import torch  # pylint: disable=g-import-not-at-top
+      switches = [torch.backends.cuda.matmul, torch.backends.cudnn]
+    except ImportError:
+      switches = []
+    saved = [s.allow_tf32 for s in switches]
+    try:
+      for s in switches:
+        s.allow_tf32 = False
+      with jax.default_matmul_precision("highest"):
+        return fn(*args, **kwargs)
+    finally:
+      for s, value in zip(switches, saved):
+        s.allow_tf32 = value
+  return wrapped
+
+
 def parse_plan(spec: str) -> prfl.ExecutionPlan:
   """`"full:gram"`, `"8:ghost"` or `"auto:auto"` -> `prfl.ExecutionPlan`.
 

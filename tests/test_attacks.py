@@ -8,6 +8,7 @@ import pytest
 from scipy import stats
 
 import prfl_jax as prfl
+from tests import tolerances
 
 MESSAGES = {"w": jnp.array([[1.0, 2.0], [3.0, 6.0], [5.0, 10.0], [7.0, 0.0]]),
             "b": jnp.array([[1.0], [2.0], [3.0], [4.0]])}
@@ -234,7 +235,12 @@ def test_alie_traps_one_fc_client_within_the_papers_bound():
   clusters = np.asarray(data.clusters)
   per_cluster = [err[~byz & (clusters == k)].mean() for k in range(2)]
   np.testing.assert_allclose(per_cluster, [0.0, 0.884], atol=5e-3)
-  assert err[5] > 2.5 and np.all(err[[0, 1, 2, 4, 6]] < 1e-4)
+  # Solved: 1e-4 relative on CPU; TF32 residuals `a @ x` stop an H100 near
+  # 1e-3 absolute (tolerances.model widens the bound to 5e-3 there).
+  solved = tolerances.model(1e-4)["rtol"] * np.linalg.norm(
+      np.asarray(data.test["x_star"]), axis=1)
+  assert err[5] > 2.5 and np.all(err[[0, 1, 2, 4, 6]] <
+                                 solved[[0, 1, 2, 4, 6]])
   # At the trapped model x_5: the ball around client 5's gradient.
   grads = jax.vmap(jax.grad(prfl.data.regression_loss), in_axes=(None, 0))(
       jnp.asarray(params[5]), data.train)

@@ -39,7 +39,8 @@ def test_torch_twin_computes_the_flax_model(name):
   model, _ = bench_models.make_loss(spec)
   images = np.random.default_rng(0).random((3,) + spec.image, np.float32)
   params = jax.jit(model.init)(jax.random.key(1), images)
-  logits = jax.jit(model.apply)(params, images)
+  with jax.default_matmul_precision("highest"):  # fp32 as torch on CPU.
+    logits = jax.jit(model.apply)(params, images)
   net = bench_models._torch_net(torch, spec, params)  # pylint: disable=protected-access
   with torch.no_grad():
     theirs = net(torch.from_numpy(images).permute(0, 3, 1, 2))

@@ -261,7 +261,8 @@ def test_auto_kernel_picks_ghost_only_where_it_applies():
   resolve = lambda loss, messages=False, kernel="auto": kernels.resolve_plan(
       kernels.ExecutionPlan(kernel=kernel), loss, params, batch,
       messages=messages)
-  assert resolve(_loss) == kernels.ExecutionPlan(1, "ghost")  # On CPU.
+  assert resolve(_loss) == kernels.ExecutionPlan(tolerances.default_chunk(),
+                                                 "ghost")
   assert resolve(_loss, messages=True).kernel == "gram"
   assert resolve(_loss, kernel="direct").kernel == "direct"
   assert prfl.ExecutionPlan() == ("auto", "auto")
@@ -272,7 +273,8 @@ def test_auto_kernel_picks_ghost_only_where_it_applies():
                                   key=jax.random.PRNGKey(0))
   ref = kernels.cluster_at_models(
       _loss, params, batch, radius=1.0, num_iters=2, message_fn=flip,
-      key=jax.random.PRNGKey(0), plan=prfl.ExecutionPlan(1, "gram"))
+      key=jax.random.PRNGKey(0),
+      plan=prfl.ExecutionPlan(tolerances.default_chunk(), "gram"))
   jax.tree.map(np.testing.assert_array_equal, out.centers, ref.centers)
 
 

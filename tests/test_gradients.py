@@ -197,9 +197,12 @@ def test_all_pairs_grads_matches_double_loop():
       loss, grad = vg(p_i, b_j)
       np.testing.assert_allclose(losses[i, j], loss,
                                  **tolerances.model(1e-5))
+      # The scale of a leaf's TF32 rounding is that of its terms, not of
+      # one (possibly cancelling) sum: the leaf's largest entry over all
+      # pairs (an H100 gave 0.0291 for 0.0296 where that was 7.4).
       jax.tree.map(lambda a, r, i=i, j=j: np.testing.assert_allclose(
           a[i, j], r, **tolerances.model(1e-5, 1e-6,
-                                         scale=np.max(np.abs(r)))),
+                                         scale=np.max(np.abs(a)))),
           grads, grad)
 
 

@@ -25,10 +25,12 @@ from prfl_jax import kernels
 from prfl_jax.kernels import base
 from prfl_jax.kernels import ghost
 from prfl_jax.kernels import trace
+from tests import tolerances
 
 N, B, D, H, K = 4, 3, 5, 6, 3
 
-# The default plan is chunk 1 with the ghost kernel on CPU.
+# The default plan is chunk 1 with the ghost kernel on CPU (the full vmap on
+# an accelerator).
 PLANS = [kernels.ExecutionPlan(None, "ghost"), kernels.ExecutionPlan(3, "ghost"),
          kernels.ExecutionPlan()]
 
@@ -102,10 +104,12 @@ def _plans_vs_gram(loss, params, batch):
   for plan in PLANS:
     out = run(plan)
     jax.tree.map(lambda a, r: np.testing.assert_allclose(
-        a, r, rtol=2e-4, atol=1e-5 * (1 + np.abs(r).max())),
+        a, r, **tolerances.model(2e-4, 1e-5 * (1 + np.abs(r).max()),
+                                 scale=np.abs(r).max())),
                  out.centers, ref.centers)
     np.testing.assert_array_equal(out.inside, ref.inside)
-    np.testing.assert_allclose(out.own_loss, ref.own_loss, rtol=1e-5)
+    np.testing.assert_allclose(out.own_loss, ref.own_loss,
+                               **tolerances.model(1e-5))
 
 
 def _check(loss, params, batch, monkeypatch, plans=False):
@@ -296,7 +300,7 @@ def test_no_recognised_layer_falls_back_and_warns_once():
         loss, p, b, radius=1.0, num_iters=3))(params, batch)
             for _ in range(2)]
     plan = kernels.resolve_plan(kernels.ExecutionPlan(), loss, params, batch)
-  assert plan == kernels.ExecutionPlan(1, "gram")
+  assert plan == kernels.ExecutionPlan(tolerances.default_chunk(), "gram")
   found = [w for w in caught if "found no dense" in str(w.message)]
   assert len(found) == 1, [str(w.message) for w in caught]
   ref = kernels.cluster_at_models(loss, params, batch, radius=1.0,

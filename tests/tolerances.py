@@ -92,3 +92,10 @@ def all_highest(fn, *args) -> bool:
   return bool(precisions) and all(
       p == "HIGHEST, HIGHEST" for p in precisions)
 
+
+
+def default_chunk():
+  """The `chunk_size` that `ExecutionPlan()` resolves to for the tests'
+  small problems: 1 on CPU, None (every model at once) on an accelerator,
+  where they fit in memory (`prfl_jax.kernels.plan.default_chunk_size`)."""
+  return 1 if jax.default_backend() == "cpu" else None
