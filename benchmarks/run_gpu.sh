@@ -27,7 +27,7 @@ run_tests() {
     workers=(-n "${TEST_WORKERS:-8}")
   fi
   env -u JAX_DEFAULT_MATMUL_PRECISION timeout "${TESTS_TIMEOUT:-420}" \
-    python3 -m pytest -q -p no:cacheprovider "${workers[@]}" -rf \
+    python3 -m pytest -p no:cacheprovider "${workers[@]}" -rf \
     ${TESTS_ARGS:-} 2>&1 | tee "$out/tests_gpu.log" | tail -60
 }
 

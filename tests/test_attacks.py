@@ -249,7 +249,10 @@ def test_alie_traps_one_fc_client_within_the_papers_bound():
       sent, grads[5][None], radius=prfl.quantile_radius(0.3), num_iters=10)
   inside = np.asarray(info.inside[0])
   np.testing.assert_array_equal(np.flatnonzero(inside), [3, 5, 7])
-  assert np.linalg.norm(center) < 1e-5  # The estimate vanishes: no step.
+  # The estimate vanishes (no step): own gradient + 2 ALIE copies cancel, to
+  # 1e-5 of their size in float32 (TF32 leaves 4e-3 on an H100).
+  size = np.max(np.linalg.norm(np.asarray(sent)[inside], axis=1))
+  assert np.linalg.norm(center) < tolerances.model(1e-5)["rtol"] * size
   g = np.asarray(grads)
   mates, others = [4, 6], [0, 1, 2]
   sigma = np.sqrt(np.mean(np.sum((g[[4, 5, 6]] - g[[4, 5, 6]].mean(0)) ** 2,

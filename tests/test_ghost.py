@@ -90,6 +90,7 @@ def test_one_weight_gram_by_hand(always_ghost):
 def test_block_gram_matches_plain(n, monkeypatch):
   """The symmetric split gives the plain block sums, even and odd N."""
   monkeypatch.setattr(ghost, "_MIN_SPLIT_ROWS", 4)
+  monkeypatch.setattr(ghost, "_splits", lambda: True)  # On any backend.
   rng = np.random.default_rng(n)
   a = rng.normal(size=(n * 3, 4))
   d = rng.normal(size=(n * 3, 2))
@@ -120,6 +121,7 @@ def test_block_gram_splits_where_it_should(n, m, blocks, monkeypatch):
   (a block of exactly the limit is split).
   """
   monkeypatch.setattr(ghost, "_MIN_SPLIT_ROWS", 4)
+  monkeypatch.setattr(ghost, "_splits", lambda: True)  # On any backend.
   calls = []
   cross = ghost._cross
 
@@ -137,6 +139,26 @@ def test_block_gram_splits_where_it_should(n, m, blocks, monkeypatch):
                           jnp.asarray(d, jnp.float32), n)
   assert sorted(calls) == blocks
   np.testing.assert_allclose(out, plain, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend, splits", [("cpu", True), ("gpu", False),
+                                             ("tpu", False)])
+def test_block_gram_splits_on_cpu_only(backend, splits, monkeypatch):
+  """The split is XLA:CPU's: on an H100 it gave FC rounds 4e-2 off (see
+  `ghost._MIN_SPLIT_ROWS`), so an accelerator computes one block.
+
+  Mutation seen to fail: `_splits` returning True on every backend.
+  """
+  monkeypatch.setattr(ghost, "_MIN_SPLIT_ROWS", 4)
+  monkeypatch.setattr(jax, "default_backend", lambda: backend)
+  calls = []
+  cross = ghost._cross
+  monkeypatch.setattr(ghost, "_cross", lambda *args: calls.append(
+      args[3:]) or cross(*args))
+  ka, d = jnp.ones((9, 9)), jnp.ones((9, 2))
+  out = ghost._block_gram(ka, d, 3)
+  assert (len(calls) > 1) == splits
+  np.testing.assert_array_equal(out, np.full((3, 3), 18.0))
 
 
 @pytest.mark.parametrize("always", [True, False])
@@ -327,8 +349,8 @@ def test_fixed_radius_ghost_rounds_match_gram(chunk, always_ghost):
 
 def test_split_block_gram_above_256_rows_with_fixed_radius(always_ghost):
   """N * B = 9 * 32 = 288 rows > `_MIN_SPLIT_ROWS`: the ghost kernel's
-  symmetric split (not monkeypatched) gives FC the Gram kernel's rounds with
-  a fixed radius.
+  symmetric split (not monkeypatched; on CPU, one block on an accelerator)
+  gives FC the Gram kernel's rounds with a fixed radius.
 
   Mutations seen to fail: the lower-left block of the split written as zeros
   instead of `off.T`; dropping `+ G_ii` when the ghost kernel

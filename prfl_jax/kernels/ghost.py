@@ -47,8 +47,18 @@ _HIGHEST = lax.Precision.HIGHEST
 
 # Below this many rows (clients x tokens) a diagonal block of (*) is computed
 # as one GEMM; above, it is split in halves and the off-diagonal block is
-# computed once for both (measured 2x faster at 1024 rows on XLA:CPU).
+# computed once for both (measured 2x faster at 1024 rows on XLA:CPU). On
+# CPU only: on an H100 (jax 0.11.2) FC's rounds through the split with 9
+# clients (halves of 4 and 5) and all models in one vmap came out 4e-2 off
+# at HIGHEST precision, while the same round unsplit, or split with 3 models
+# per chunk, matched the CPU to 6e-8 (benchmarks/check_ghost_precision.py;
+# cause not established). The split was never measured to help on a GPU.
 _MIN_SPLIT_ROWS = 256
+
+
+def _splits() -> bool:
+  """Whether `_block_gram` splits large blocks (on XLA:CPU only, see above)."""
+  return jax.default_backend() == "cpu"
 
 
 def uses_ghost(num_clients: int, tokens: int, p: int, q: int, shared: bool,
@@ -83,10 +93,10 @@ def _cross(ka: jax.Array, d1: jax.Array, d2: jax.Array, n1: int,
 def _block_gram(ka: jax.Array, d: jax.Array, n: int) -> jax.Array:
   """`[n, n]` block sums of `ka * (d @ d.T)` for symmetric `ka` `[nM, nM]`.
 
-  The matrix is symmetric, so it is split in halves of clients and the
-  off-diagonal block is computed once.
+  The matrix is symmetric, so on CPU it is split in halves of clients and
+  the off-diagonal block is computed once.
   """
-  if n < 2 or d.shape[0] <= _MIN_SPLIT_ROWS:
+  if n < 2 or d.shape[0] <= _MIN_SPLIT_ROWS or not _splits():
     return _cross(ka, d, d, n, n)
   h = n // 2
   r = h * (d.shape[0] // n)
