@@ -584,9 +584,15 @@ def test_cluster_and_assign_gram_repeated_and_empty_centres():
 
   Points 0, 0.2 and 5, 5.4; initial centres 0, 5, 5 (a repeat) and 100
   (empty); radius 1, one step, W = 4: centres (0 + 0.2 + 2 * 0) / 4 = 0.05,
-  (5 + 5.4 + 2 * 5) / 4 = 5.1 (twice) and 100; assignment 0, 0, 1, 1. Mutation seen to fail: not tying repeated centres to their
-  first copy (`first` = arange), which sent points 2, 3 to centre 2 after
-  float rounding.
+  (5 + 5.4 + 2 * 5) / 4 = 5.1 (twice) and 100; assignment 0, 0, 1, 1.
+
+  Mutations seen to fail: `keep = 0` (a centre whose ball is empty jumps to
+  0); dropping the gram path's mask of repeated centres in the assignment
+  together with ties to the highest index (points 2, 3 go to the repeat).
+  Either guard alone keeps the repeat empty on CPU, and tying repeats to
+  their first copy's iterates (`_Shared.first`) only guards against
+  rounding that differs between identical rows: replacing it by `arange`
+  passes here.
   """
   points = jnp.array([[0.0, 1.0], [0.2, 1.0], [5.0, 1.0], [5.4, 1.0]])
   init = jnp.array([[0.0, 1.0], [5.0, 1.0], [5.0, 1.0], [100.0, 1.0]])
