@@ -528,3 +528,131 @@ def test_float64_points_under_x64_stay_float64(method):
         radius=prfl.quantile_radius(0.3), num_iters=5, method=method)
     assert out.dtype == jnp.float64 and info.radius.dtype == jnp.float64
   np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-12, atol=1e-12)
+
+
+# --- cluster_and_assign(method="gram"): one Gram matrix for everything. ---
+
+
+def _cluster_and_assign_both(points, init, **kwargs):
+  """(direct, gram, gram with a precomputed Gram) results of cluster_and_assign."""
+  direct = prfl.cluster_and_assign(points, init, method="direct", **kwargs)
+  gram = prfl.cluster_and_assign(points, init, method="gram", **kwargs)
+  pre = prfl.cluster_and_assign(points, init, method="gram",
+                                gram=prfl.tree.gram(points), **kwargs)
+  return direct, gram, pre
+
+
+def _assert_same(a, b):
+  """Same centres and assigned centres (LIBRARY tolerance), same assignment."""
+  for x, y in zip(jax.tree.leaves((a[0], a[2])), jax.tree.leaves((b[0], b[2]))):
+    np.testing.assert_allclose(np.asarray(y), np.asarray(x),
+                               **tolerances.LIBRARY)
+  np.testing.assert_array_equal(np.asarray(b[1]), np.asarray(a[1]))
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("radius", [2.5, prfl.quantile_radius(0.4)])
+def test_cluster_and_assign_gram_matches_direct(seed, radius):
+  """Clear clusters, a pytree of two leaves, a zero weight and a NaN point.
+
+  Mutations seen to fail: dropping the `b * <z_i, v0_k>` term of the Gram
+  distances, and skipping the final `keep * b` decay (centres keep the full
+  initial centre).
+  """
+  points, init = _data(seed, n=12, k=3, p=5)
+  points[4] = np.nan
+  tree = {"a": points[:, :2], "b": points[:, 2:].reshape(12, 3, 1)}
+  init_tree = {"a": init[:, :2], "b": init[:, 2:].reshape(3, 3, 1)}
+  w = np.ones(12, np.float32)
+  w[7] = 0.0
+  direct, gram, pre = _cluster_and_assign_both(
+      tree, init_tree, radius=radius, num_iters=6, weights=jnp.asarray(w))
+  assert np.all(np.isfinite(np.asarray(direct[0]["a"])))
+  _assert_same(direct, gram)
+  _assert_same(direct, pre)
+  # The gram path is also the per-centre-Gram threshold_clustering's result.
+  ref = prfl.threshold_clustering(tree, init_tree, radius=radius, num_iters=6,
+                                  weights=jnp.asarray(w), method="gram")
+  for x, y in zip(jax.tree.leaves(ref), jax.tree.leaves(gram[0])):
+    np.testing.assert_allclose(y, x, **tolerances.LIBRARY)
+
+
+def test_cluster_and_assign_gram_repeated_and_empty_centres():
+  """A repeated initial centre stays empty (ties go to the lowest index) and
+  a centre far from every point keeps its value and receives no point, in
+  both kernels.
+
+  Points 0, 0.2 and 5, 5.4; initial centres 0, 5, 5 (a repeat) and 100
+  (empty); radius 1, one step, W = 4: centres (0 + 0.2 + 2 * 0) / 4 = 0.05,
+  (5 + 5.4 + 2 * 5) / 4 = 5.1 (twice) and 100; assignment 0, 0, 1, 1.
+
+  Mutations seen to fail: `keep = 0` (a centre whose ball is empty jumps to
+  0); dropping the gram path's mask of repeated centres in the assignment
+  together with ties to the highest index (points 2, 3 go to the repeat).
+  Either guard alone keeps the repeat empty on CPU, and tying repeats to
+  their first copy's iterates (`_Shared.first`) only guards against
+  rounding that differs between identical rows: replacing it by `arange`
+  passes here.
+  """
+  points = jnp.array([[0.0, 1.0], [0.2, 1.0], [5.0, 1.0], [5.4, 1.0]])
+  init = jnp.array([[0.0, 1.0], [5.0, 1.0], [5.0, 1.0], [100.0, 1.0]])
+  for method in METHODS:
+    centers, assignment, assigned = prfl.cluster_and_assign(
+        points, init, radius=1.0, num_iters=1, method=method)
+    np.testing.assert_allclose(
+        centers, [[0.05, 1.0], [5.1, 1.0], [5.1, 1.0], [100.0, 1.0]],
+        rtol=1e-6)
+    np.testing.assert_array_equal(assignment, [0, 0, 1, 1])
+    np.testing.assert_allclose(assigned, np.asarray(centers)[[0, 0, 1, 1]])
+
+
+def test_cluster_and_assign_gram_ties_like_direct():
+  """A point exactly halfway between two distinct centres goes to the lower
+  index in both kernels. Centres 2 and 0, points 1, 3, -1; radius 0.5 holds
+  no point, so the centres never move and the tie of point 1 is exact (in
+  the Gram kernel too: 1 - 2 * 2 + 4 = 1 - 0 + 0).
+
+  Mutation seen to fail: ties to the highest index in the gram path's
+  assignment (`k - 1 - argmin(d2[:, ::-1])`).
+  """
+  points = jnp.array([[1.0], [3.0], [-1.0]])
+  init = jnp.array([[2.0], [0.0]])
+  for method in METHODS:
+    _, assignment, _ = prfl.cluster_and_assign(points, init, radius=0.5,
+                                               num_iters=1, method=method)
+    np.testing.assert_array_equal(assignment, [0, 0, 1])
+
+
+def test_cluster_and_assign_checks_method_and_gram():
+  points, init = _data(0, n=6, k=2, p=3)
+  with pytest.raises(ValueError, match="method.*direct.*gram"):
+    prfl.cluster_and_assign(points, init, radius=1.0, method="fast")
+  with pytest.raises(ValueError, match="gram"):
+    prfl.cluster_and_assign(points, init, radius=1.0, method="direct",
+                            gram=prfl.tree.gram(points))
+  with pytest.raises(ValueError, match=r"gram.*\[6, 6\]"):
+    prfl.cluster_and_assign(points, init, radius=1.0, method="gram",
+                            gram=jnp.zeros((5, 5)))
+  with pytest.raises(ValueError, match="method"):
+    prfl.clustering.check_method(None)
+
+
+@pytest.mark.parametrize("separation", [0.0, 4.0, 100.0])
+def test_farthest_first_from_gram_matches_points(separation):
+  """Farthest-first from the Gram matrix picks the same indices (no ties),
+  also with a NaN point and with separations that leave slots unopened.
+
+  Mutation seen to fail: `diag - 2 G[:, j] - diag[j]` (wrong sign) in the
+  Gram distances.
+  """
+  points, _ = _data(3, n=10, k=3, p=4)
+  points[2] = np.nan
+  for seed in range(4):
+    key = jax.random.PRNGKey(seed)
+    a = prfl.farthest_first(points, 4, key, separation=separation)
+    b = prfl.farthest_first(points, 4, key, separation=separation,
+                            gram=prfl.tree.gram(points))
+    np.testing.assert_array_equal(b, a)
+    assert 2 not in np.asarray(a).tolist()
+  with pytest.raises(ValueError, match="gram"):
+    prfl.farthest_first(points, 2, key, gram=jnp.zeros((3, 3)))

@@ -7,6 +7,7 @@ import optax
 import pytest
 
 import prfl_jax as prfl
+from tests import tolerances
 
 
 def shifted_quadratic(x, batch):
@@ -98,7 +99,8 @@ def test_gram_method_gives_the_hand_computed_rounds():
   and the same 6 rounds as `method="direct"` on a noisy federation.
 
   Mutation seen to fail: the Gram kernel's step without the `keep` factor
-  (`carry.coefs + step` in `clustering.gram_clustering_coefs`).
+  (`a + step` in `clustering._gram_cluster_and_assign`, which
+  `cluster_and_assign(method="gram")` runs).
   """
   alg = prfl.algorithms.momentum_clustering(
       shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=3.0,
@@ -127,3 +129,47 @@ def test_gram_method_gives_the_hand_computed_rounds():
   np.testing.assert_allclose(states[1].centers, states[0].centers, rtol=1e-5,
                              atol=1e-6)
   np.testing.assert_array_equal(states[1].assignment, states[0].assignment)
+
+
+@pytest.mark.parametrize("radius", [1.0, prfl.quantile_radius(0.4)])
+def test_gram_method_follows_direct_with_attack_round_by_round(radius):
+  """Three clusters of quadratic clients with a NaN-sending Byzantine
+  client: `method="gram"` (one Gram matrix of the momenta per round; the
+  carried centres enter through their inner products with the momenta)
+  gives direct's centres, assignment and params after every round.
+
+  Mutations seen to fail: dropping `b_k^2 ||v0_k||^2` from the gram
+  kernel's `||c_k||^2` (the radius-1.0 case; the quantile rule happens to
+  keep the same balls); not masking the unusable points' `<z_i, v0_k>` (NaN
+  everywhere).
+  """
+  rng = np.random.default_rng(2)
+  means = np.repeat(np.array([[0.0, 0.0], [4.0, 0.0], [0.0, 4.0]]), 3, axis=0)
+  c = jnp.asarray(means + 0.3 * rng.normal(size=(9, 2)), jnp.float32)[:, None]
+  byz = jnp.arange(9) == 4
+  runs = {}
+  for method in ("direct", "gram"):
+    alg = prfl.algorithms.momentum_clustering(
+        shifted_quadratic, optax.sgd(0.3), num_clusters=3, radius=radius,
+        num_iters=4, alpha=0.5, attack=prfl.attacks.non_finite(),
+        method=method)
+    state = alg.init(jnp.zeros((9, 2)), byzantine=byz)
+    step = jax.jit(alg.step)
+    runs[method] = []
+    for t in range(4):
+      state, _ = step(state, c, jax.random.key(t))
+      runs[method].append(state)
+  for d, g in zip(runs["direct"], runs["gram"]):
+    np.testing.assert_allclose(g.centers, d.centers, **tolerances.LIBRARY)
+    np.testing.assert_allclose(g.params, d.params, **tolerances.LIBRARY)
+    np.testing.assert_array_equal(g.assignment, d.assignment)
+  assert np.all(np.isfinite(np.asarray(runs["gram"][-1].centers)))
+  assert len(set(np.asarray(runs["gram"][-1].assignment)[~byz].tolist())) > 1
+
+
+def test_bad_method_raises_before_tracing():
+  """Mutation seen to fail: no `check_method` in `momentum_clustering`."""
+  with pytest.raises(ValueError, match="method.*direct.*gram"):
+    prfl.algorithms.momentum_clustering(shifted_quadratic, optax.sgd(0.1),
+                                        num_clusters=2, radius=1.0,
+                                        method="Gram")

@@ -7,8 +7,10 @@ import optax
 import pytest
 
 from prfl_jax import attacks
+from prfl_jax.clustering import quantile_radius as prfl_quantile
 from prfl_jax.clustering import farthest_first
 from prfl_jax.algorithms.myopic_clustering import myopic_clustering
+from tests import tolerances
 from tests.toy import linreg_federation
 from tests.toy import quadratic
 
@@ -138,3 +140,55 @@ def test_separation_decides_how_many_centres_open():
       params = np.asarray(state.params)
       np.testing.assert_allclose(params, params[0], atol=1e-7)
       assert np.any(np.isclose(params[0], [0.1, 0.2, 0.3], atol=1e-6))
+
+
+def _run(method, rounds=3, **kwargs):
+  loss, batch, params = linreg_federation(jax.random.PRNGKey(1),
+                                          num_clusters=3, per_cluster=4)
+  alg = myopic_clustering(loss, optax.sgd(0.1), num_clusters=3,
+                          method=method, **kwargs)
+  state = alg.init(params, byzantine=jnp.arange(12) == 5)
+  step = jax.jit(alg.step)
+  history = []
+  for r in range(rounds):
+    state, metrics = step(state, batch, jax.random.PRNGKey(r))
+    history.append((np.asarray(state.params), np.asarray(state.assignment),
+                    float(metrics["num_clusters"])))
+  return history
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"radius": 1.0},
+    {"radius": prfl_quantile(0.3)},
+    {"radius": 1.0, "attack": attacks.non_finite()},
+    # Separation 100: one centre opens, the other two repeat it and stay
+    # empty (ties to the lowest index).
+    {"radius": 1.0, "separation": 100.0},
+])
+def test_gram_method_matches_direct(kwargs):
+  """`method="gram"` (one Gram matrix per round for farthest-first, the
+  clustering and the assignment) gives the direct kernel's params,
+  assignment and cluster count round after round.
+
+  Mutations seen to fail: farthest-first's Gram distance with `- G_jj`
+  (cases 0-2); dropping `b_k <z_i, v0_k>` from the gram kernel's distances
+  (cases 0-2); farthest-first always opening a centre under `gram` (the
+  separation case, 3 clusters instead of 1).
+  """
+  direct = _run("direct", **kwargs)
+  gram = _run("gram", **kwargs)
+  for (p_d, a_d, c_d), (p_g, a_g, c_g) in zip(direct, gram):
+    np.testing.assert_allclose(p_g, p_d, **tolerances.LIBRARY)
+    np.testing.assert_array_equal(a_g, a_d)
+    assert c_g == c_d
+  if "separation" in kwargs:
+    assert all(c == 1 for _, _, c in gram)
+  else:
+    assert any(c > 1 for _, _, c in gram)
+
+
+def test_bad_method_raises_before_tracing():
+  """Mutation seen to fail: no `check_method` in `myopic_clustering`."""
+  with pytest.raises(ValueError, match="method.*direct.*gram"):
+    myopic_clustering(quadratic, optax.sgd(0.1), num_clusters=2, radius=1.0,
+                      method="gramm")

@@ -54,10 +54,20 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
     num_iters: Threshold-Clustering steps per round.
     alpha: momentum weight of the new gradient, in (0, 1].
     attack: what Byzantine clients send instead of their momentum, or None.
-    method: Threshold-Clustering kernel, "direct" or "gram".
+    method: Threshold-Clustering kernel, "direct" or "gram". "gram" computes
+      one `[N, N]` Gram matrix of the momenta per round (shared by the
+      first round's farthest-first) and reads all distances off it
+      (`clustering.cluster_and_assign`); the carried centres, which are not
+      combinations of this round's momenta, enter through their `[N, K]`
+      inner products with the momenta.
 
   Returns:
     `Algorithm(init, step)`.
+
+  Raises:
+    TypeError: if `optimizer` is not an optax transformation.
+    ValueError: on a bad `num_clusters`, `num_iters`, `alpha`, `radius` or
+      `method`; at `init`, if K > N.
 
   References:
     Werner et al., 2023, Algorithm 3 (Momentum-Clustering).
@@ -68,6 +78,7 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
   if not isinstance(alpha, jax.core.Tracer) and not 0.0 < float(alpha) <= 1.0:
     raise ValueError(f"`alpha` must be in (0, 1], got {alpha!r}.")
   clustering.check_radius(radius, num_clusters)
+  clustering.check_method(method)
 
   def init(params, *, byzantine=None) -> MomentumClusteringState:
     n = base.init_params(params)
@@ -89,12 +100,14 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
     momentum = jax.tree.map(lambda g, m: alpha * g + (1.0 - alpha) * m,
                             grads, state.momentum)
     messages = base.attacked(attack, momentum, state.byzantine, attack_key)
+    gram = tree_lib.gram(messages) if method == "gram" else None
     prev = lax.cond(state.round == 0,
                     lambda: tree_lib.take(messages, clustering.farthest_first(
-                        messages, num_clusters, init_key)),
+                        messages, num_clusters, init_key, gram=gram)),
                     lambda: state.centers)
     centers, assignment, directions = clustering.cluster_and_assign(
-        messages, prev, radius=radius, num_iters=num_iters, method=method)
+        messages, prev, radius=radius, num_iters=num_iters, method=method,
+        gram=gram)
     params, opt_state = base.apply_updates(optimizer, directions,
                                            state.opt_state, state.params)
     metrics = {

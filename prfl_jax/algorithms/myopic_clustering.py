@@ -48,7 +48,7 @@ class MyopicClusteringState(NamedTuple):
 def myopic_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
                       num_clusters: int, radius: clustering.Radius,
                       num_iters: int = 10, separation=None,
-                      attack=None) -> base.Algorithm:
+                      attack=None, method: str = "direct") -> base.Algorithm:
   """Myopic-Clustering: cluster the clients' own gradients, apply the centre.
 
   Args:
@@ -62,6 +62,11 @@ def myopic_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
     separation: minimum distance between the farthest-first initial centres
       (see the module docstring). None: `radius` when it is a scalar, else 0.
     attack: what Byzantine clients send instead of their gradient, or None.
+    method: Threshold-Clustering kernel, "direct" or "gram". "gram" computes
+      one `[N, N]` Gram matrix of the messages per round and reads the
+      farthest-first, clustering and assignment distances off it
+      (`clustering.cluster_and_assign`): much faster when the model is large
+      (same result up to float rounding of the distances).
 
   Returns:
     `Algorithm(init, step)`; `init(params, *, byzantine=None)` takes params
@@ -70,8 +75,8 @@ def myopic_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
   Raises:
     TypeError: if `loss_fn` is not callable or `optimizer` not an optax
       transformation.
-    ValueError: on a bad `num_clusters`, `radius`, `num_iters` or
-      `separation`; at `init`, if K > N.
+    ValueError: on a bad `num_clusters`, `radius`, `num_iters`,
+      `separation` or `method`; at `init`, if K > N.
 
   References:
     Werner et al., 2023, Section 2, Algorithm Myopic-Clustering; Algorithm 2.
@@ -85,6 +90,7 @@ def myopic_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
     scalar = not callable(radius) and jnp.ndim(radius) == 0
     separation = float(radius) if scalar else 0.0
   cluster_models.check_non_negative(separation, "separation")
+  clustering.check_method(method)
 
   def init(params, *, byzantine=None) -> MyopicClusteringState:
     n = base.init_params(params)
@@ -101,11 +107,12 @@ def myopic_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
     attack_key, start_key = jax.random.split(key)
     losses, grads = gradients.client_grads(loss_fn, state.params, batch)
     messages = base.attacked(attack, grads, state.byzantine, attack_key)
+    gram = tree_lib.gram(messages) if method == "gram" else None
     index = clustering.farthest_first(messages, num_clusters, start_key,
-                                      separation=separation)
+                                      separation=separation, gram=gram)
     _, assignment, directions = clustering.cluster_and_assign(
         messages, tree_lib.take(messages, index), radius=radius,
-        num_iters=num_iters)
+        num_iters=num_iters, method=method, gram=gram)
     params, opt_state = base.apply_updates(optimizer, directions,
                                            state.opt_state, state.params)
     metrics = {
