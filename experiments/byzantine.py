@@ -29,7 +29,6 @@ Writes to `--out` (default `results/byzantine/<dataset>`): `grid.md`,
 
 import dataclasses
 import os
-import sys
 import time
 from typing import Optional
 
@@ -683,19 +682,9 @@ def config_from_args(args) -> Config:
       num_groups=args.groups, seed=args.seed, out=args.out, smoke=args.smoke)
 
 
-def validate(args):
-  """Cross-option checks (`resolve`); fills `--out`'s dataset default."""
-  args.out = resolve(config_from_args(args)).out
-
-
 def main(argv=None):
-  args = cli.parse(build_parser(), argv, check=validate)
-  cfg = resolve(config_from_args(args))
-  cli.write_config(cfg.out, cfg)
-  log = lambda s: print(s, flush=True)
-  argv = sys.argv[1:] if argv is None else list(argv)
-  return run(cfg, log, command=" ".join(["python -m experiments.byzantine"] +
-                                        argv))
+  return cli.run_main("experiments.byzantine", build_parser,
+                      config_from_args, resolve, run, argv)
 
 
 def run(cfg: Config, log=print, command: str = "") -> dict:

@@ -252,6 +252,43 @@ def parse(p: argparse.ArgumentParser, argv: Optional[Sequence[str]] = None,
   return args
 
 
+def run_main(module: str, build_parser: Callable[[], argparse.ArgumentParser],
+             config_from_args: Callable, resolve: Callable, run: Callable,
+             argv: Optional[Sequence[str]] = None):
+  """The `main` of an experiment with a typed config.
+
+  Parses `argv` (every option typed, then `resolve(config_from_args(args))`
+  as the cross-option check, once, before any data load or compile), writes
+  `config.json` into the resolved `out`, then calls `run(cfg, log, command=)`
+  with the command line as typed (`sys.argv` when `argv` is None).
+
+  Args:
+    module: the experiment's module, e.g. "experiments.mnist" (for the
+      recorded command).
+    build_parser: returns the experiment's parser (`parser`).
+    config_from_args: `argparse.Namespace -> Config`.
+    resolve: `Config -> Config` with defaults filled in; raises ValueError on
+      a bad combination of options (a usage error naming it).
+    run: `run(cfg, log, command=...)`.
+    argv: arguments (default `sys.argv[1:]`).
+
+  Returns:
+    what `run` returns.
+  """
+  argv = list(sys.argv[1:] if argv is None else argv)
+  resolved = {}
+
+  def check(args):
+    resolved["cfg"] = resolve(config_from_args(args))
+    args.out = resolved["cfg"].out  # Filled in, for `parse`'s writable probe.
+
+  parse(build_parser(), argv, check=check)
+  cfg = resolved["cfg"]
+  write_config(cfg.out, cfg)
+  return run(cfg, lambda s: print(s, flush=True),
+             command=" ".join([f"python -m {module}"] + argv))
+
+
 CACHE_ENV = "PRFL_JAX_COMPILE_CACHE"
 
 

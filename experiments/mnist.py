@@ -251,18 +251,9 @@ def config_from_args(args) -> Config:
       seed=args.seed, out=args.out, smoke=args.smoke)
 
 
-def validate(args):
-  """Cross-option checks (`resolve`); fills `--out`'s dataset default."""
-  args.out = resolve(config_from_args(args)).out
-
-
 def main(argv=None):
-  args = cli.parse(build_parser(), argv, check=validate)
-  cfg = resolve(config_from_args(args))
-  cli.write_config(cfg.out, cfg)
-  log = lambda s: print(s, flush=True)
-  return run(cfg, log, command=" ".join(["python -m experiments.mnist"] +
-                                        list(argv or [])))
+  return cli.run_main("experiments.mnist", build_parser, config_from_args,
+                      resolve, run, argv)
 
 
 def run(cfg: Config, log=print, command: str = "") -> dict:

@@ -140,3 +140,59 @@ def test_compile_cache_follows_the_environment(tmp_path, monkeypatch):
     assert cli.platform_info()["compile_cache"] == path
   finally:
     jax.config.update("jax_compilation_cache_dir", before)
+
+
+def _toy_main(tmp_path, argv, monkeypatch=None):
+  """`cli.run_main` on a one-option experiment; returns what `run` saw."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+
+  @dataclasses.dataclass(frozen=True)
+  class Config:
+    rounds: int
+    out: str
+
+  def build_parser():
+    p = cli.parser("Toy.", out=str(tmp_path / "default"))
+    p.add_argument("--rounds", type=cli.integer(minimum=1), default=3)
+    return p
+
+  def resolve(cfg):
+    if cfg.rounds > 10:
+      raise ValueError(f"`--rounds` must be <= 10, got {cfg.rounds}.")
+    return dataclasses.replace(cfg, out=cfg.out + "_resolved")
+
+  calls = []
+
+  def run(cfg, log, command=""):
+    calls.append((cfg, command))
+    return "done"
+
+  result = cli.run_main("experiments.toy", build_parser,
+                        lambda a: Config(a.rounds, a.out), resolve, run, argv)
+  return result, calls
+
+
+def test_run_main_resolves_once_writes_config_and_records_the_command(
+    tmp_path, monkeypatch):
+  """The resolved config reaches `run` and config.json; the command is the one
+  typed, from `sys.argv` when `argv` is None (mnist recorded no options).
+
+  Mutation seen to fail: `argv = list(argv or [])` in `run_main`.
+  """
+  out = str(tmp_path / "o")
+  monkeypatch.setattr("sys.argv", ["mnist.py", "--rounds", "4", "--out", out])
+  result, calls = _toy_main(tmp_path, None)
+  assert result == "done"
+  ((cfg, command),) = calls
+  assert (cfg.rounds, cfg.out) == (4, out + "_resolved")
+  assert command == f"python -m experiments.toy --rounds 4 --out {out}"
+  with open(os.path.join(out + "_resolved", "config.json")) as f:
+    assert json.load(f)["config"]["rounds"] == 4
+
+
+def test_run_main_bad_combination_is_a_usage_error_before_run(tmp_path, capsys):
+  with pytest.raises(SystemExit) as e:
+    _toy_main(tmp_path, ["--rounds", "11", "--out", str(tmp_path / "x")])
+  assert e.value.code == 2
+  assert "`--rounds` must be <= 10, got 11" in capsys.readouterr().err
+  assert not os.path.exists(tmp_path / "x_resolved")

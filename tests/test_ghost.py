@@ -12,6 +12,7 @@ from prfl_jax import kernels
 from prfl_jax import models
 from prfl_jax.kernels import base
 from prfl_jax.kernels import ghost
+from benchmarks import check_ghost_precision
 from tests import tolerances
 
 N, B = 7, 4
@@ -356,17 +357,11 @@ def test_split_block_gram_above_256_rows_with_fixed_radius(always_ghost):
   instead of `off.T`; dropping `+ G_ii` when the ghost kernel
   centres its Gram matrix.
   """
-  n, b, sizes = 9, 32, (6, 5, 3)
-  keys = jax.random.split(jax.random.PRNGKey(4), n)
-  params = jax.vmap(lambda k: models.mlp_init(k, sizes))(keys)
-  rng = np.random.default_rng(4)
-  x = rng.normal(size=(n, b, sizes[0])).astype(np.float32)
-  y = np.where(np.arange(n)[:, None] < 5, x[..., 0] > 0,
-               2 * (x[..., 1] > 0)).astype(np.int32)
+  # The problem `benchmarks/check_ghost_precision.py` runs on a device.
+  loss, params, (x, y) = check_ghost_precision.problem()
   batch = (jnp.asarray(x), jnp.asarray(y))
   del always_ghost
-  loss = models.mlp_classifier_loss(2)
-  assert n * b > ghost._MIN_SPLIT_ROWS
+  assert x.shape[0] * x.shape[1] > ghost._MIN_SPLIT_ROWS
   radius = _median_pair_distance(loss, params, batch)
   out, fractions = _fc_rounds(loss, params, batch, radius, None, "ghost")
   ref, ref_fractions = _fc_rounds(loss, params, batch, radius, 1, "gram")
@@ -374,4 +369,4 @@ def test_split_block_gram_above_256_rows_with_fixed_radius(always_ghost):
       a, r, **tolerances.model(1e-4, 1e-6, scale=np.max(np.abs(r)))),
                out, ref)
   np.testing.assert_allclose(fractions, ref_fractions, rtol=1e-6)
-  assert all(1 / n < f < 1 for f in ref_fractions)
+  assert all(1 / x.shape[0] < f < 1 for f in ref_fractions)
