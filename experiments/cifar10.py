@@ -19,7 +19,6 @@ Writes `config.json` (first), `results.json`, `summary.csv`, `results.md` and
 import sys
 import time
 
-import numpy as np
 
 import prfl_jax as prfl
 from experiments import cifar_common as cc
@@ -136,36 +135,16 @@ def panels(args, runs: dict) -> list:
 
 
 def main(argv=None):
-  args = cli.parse(build_parser(), argv,
-                   check=validate)
-  cli.write_config(args.out, args, extra={"smoke": args.smoke,
-                                          "synthetic_data":
-                                              args.dataset == "synthetic"})
+  args = cc.parse(build_parser(), argv, check=validate)
   result = run(args)
   fed, runs = result["fed"], result["runs"]
-  header = ["panel", "run", "final acc. (%)", "best acc. (%)", "final loss",
-            "worst cluster acc. (%)", "seconds", "paper (Fig. 4)"]
-  rows = []
-  for name, r in runs.items():
-    per_cluster = np.asarray(r["accuracy_per_cluster"])[-1]
-    rows.append([r["panel"], r["label"], f"{100 * r['final_accuracy']:.1f}",
-                 f"{100 * r['best_accuracy']:.1f}", f"{r['final_loss']:.3f}",
-                 f"{100 * np.nanmin(per_cluster):.1f}", f"{r['seconds']:.0f}",
-                 PAPER.get(name, "curves only")])
-  title = ("Figure 4 (CIFAR-10, private labels): personalized test accuracy "
-           f"after {args.rounds} rounds")
-  cc.write_outputs(args, args.out, fed, list(runs.values()), rows, header,
-                   title)
-  if not args.no_plots:
-    figure_title = (f"{fed.description}\nmodel {args.model} (width / "
-                    f"{args.width_divisor}), {args.rounds} rounds")
-    if args.dataset == "synthetic":
-      figure_title = f"{cc.SYNTHETIC_NOTE}\n{figure_title}"
-    cc.plot_panels(panels(args, runs), f"{args.out}/figure4.png",
-                   figure_title)
-  cc.log_line("\n" + cc.markdown_table(header, rows))
-  cc.log_line(f"Wrote {args.out}/results.json, summary.csv, results.md"
-              + ("" if args.no_plots else ", figure4.png"))
+  header = ["panel", "run"] + cc.RESULT_COLUMNS + ["paper (Fig. 4)"]
+  rows = [[r["panel"], r["label"]] + cc.result_cells(r)
+          + [PAPER.get(name, "curves only")] for name, r in runs.items()]
+  cc.finish(args, fed, runs, header, rows, title=(
+      "Figure 4 (CIFAR-10, private labels): personalized test accuracy "
+      f"after {args.rounds} rounds"), figure="figure4.png",
+            panels=panels(args, runs))
   return runs
 
 

@@ -18,7 +18,6 @@ Writes `config.json` (first), `results.json`, `summary.csv`, `results.md` and
 import sys
 import time
 
-import numpy as np
 
 import prfl_jax as prfl
 from experiments import cifar_common as cc
@@ -72,36 +71,18 @@ def run(args) -> dict:
 
 
 def main(argv=None):
-  args = cli.parse(build_parser(), argv,
-                   check=lambda a: cc.validate(a, task="label_blocks"))
-  cli.write_config(args.out, args, extra={"smoke": args.smoke,
-                                          "synthetic_data":
-                                              args.dataset == "synthetic"})
+  args = cc.parse(build_parser(), argv,
+                  check=lambda a: cc.validate(a, task="label_blocks"))
   result = run(args)
   fed, runs = result["fed"], result["runs"]
-  header = ["run", "final acc. (%)", "best acc. (%)", "final loss",
-            "worst cluster acc. (%)", "seconds", "paper (Fig. 5)"]
-  rows = []
-  for name, r in runs.items():
-    per_cluster = np.asarray(r["accuracy_per_cluster"])[-1]
-    rows.append([r["label"], f"{100 * r['final_accuracy']:.1f}",
-                 f"{100 * r['best_accuracy']:.1f}", f"{r['final_loss']:.3f}",
-                 f"{100 * np.nanmin(per_cluster):.1f}", f"{r['seconds']:.0f}",
-                 PAPER[name]])
-  title = ("Figure 5 (CIFAR-100, label blocks): personalized test accuracy "
-           f"after {args.rounds} rounds")
-  cc.write_outputs(args, args.out, fed, list(runs.values()), rows, header,
-                   title)
-  if not args.no_plots:
-    figure_title = (f"{fed.description}\nmodel {args.model} (width / "
-                    f"{args.width_divisor}), {args.rounds} rounds")
-    if args.dataset == "synthetic":
-      figure_title = f"{cc.SYNTHETIC_NOTE}\n{figure_title}"
-    cc.plot_panels([("FC vs Global (label blocks)", list(runs.values()),
-                     LABELS["fc"])], f"{args.out}/figure5.png", figure_title)
-  cc.log_line("\n" + cc.markdown_table(header, rows))
-  cc.log_line(f"Wrote {args.out}/results.json, summary.csv, results.md"
-              + ("" if args.no_plots else ", figure5.png"))
+  header = ["run"] + cc.RESULT_COLUMNS + ["paper (Fig. 5)"]
+  rows = [[r["label"]] + cc.result_cells(r) + [PAPER[name]]
+          for name, r in runs.items()]
+  cc.finish(args, fed, runs, header, rows, title=(
+      "Figure 5 (CIFAR-100, label blocks): personalized test accuracy "
+      f"after {args.rounds} rounds"), figure="figure5.png",
+            panels=[("FC vs Global (label blocks)", list(runs.values()),
+                     LABELS["fc"])])
   return runs
 
 

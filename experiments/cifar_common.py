@@ -333,3 +333,41 @@ def write_outputs(args, out: str, fed, runs: list, rows: list, header: list,
   warn = (f"\n**{SYNTHETIC_NOTE}.**\n" if args.dataset == "synthetic" else "")
   write_text(f"{out}/results.md", f"## {table_title}\n{warn}\n"
              f"Data: {fed.description}\n\n" + markdown_table(header, rows))
+
+
+def parse(p: argparse.ArgumentParser, argv, check) -> argparse.Namespace:
+  """`cli.parse`, then `config.json` (with `smoke` and `synthetic_data`)."""
+  args = cli.parse(p, argv, check=check)
+  cli.write_config(args.out, args, extra={
+      "smoke": args.smoke, "synthetic_data": args.dataset == "synthetic"})
+  return args
+
+
+# Columns of a run's result, after the experiment's own leading columns.
+RESULT_COLUMNS = ["final acc. (%)", "best acc. (%)", "final loss",
+                  "worst cluster acc. (%)", "seconds"]
+
+
+def result_cells(r: dict) -> list:
+  """`RESULT_COLUMNS` of one run (`run_one`'s dict) as table cells."""
+  per_cluster = np.asarray(r["accuracy_per_cluster"])[-1]
+  return [f"{100 * r['final_accuracy']:.1f}",
+          f"{100 * r['best_accuracy']:.1f}", f"{r['final_loss']:.3f}",
+          f"{100 * np.nanmin(per_cluster):.1f}", f"{r['seconds']:.0f}"]
+
+
+def finish(args, fed, runs: dict, header: list, rows: list, *, title: str,
+           figure: str, panels: list):
+  """Writes results.json / summary.csv / results.md and, unless
+  `--no-plots`, the figure `figure` of `panels` (`plot_panels`); prints the
+  table."""
+  write_outputs(args, args.out, fed, list(runs.values()), rows, header, title)
+  if not args.no_plots:
+    figure_title = (f"{fed.description}\nmodel {args.model} (width / "
+                    f"{args.width_divisor}), {args.rounds} rounds")
+    if args.dataset == "synthetic":
+      figure_title = f"{SYNTHETIC_NOTE}\n{figure_title}"
+    plot_panels(panels, f"{args.out}/{figure}", figure_title)
+  log_line("\n" + markdown_table(header, rows))
+  log_line(f"Wrote {args.out}/results.json, summary.csv, results.md"
+           + ("" if args.no_plots else f", {figure}"))
