@@ -136,13 +136,7 @@ def resolve(cfg: Config) -> Config:
   Raises:
     ValueError: naming the option.
   """
-  if cfg.dataset not in DATASETS:
-    raise ValueError(f"--dataset must be one of {', '.join(DATASETS)}, got "
-                     f"{cfg.dataset!r}.")
-  if cfg.source not in prfl.data.datasets.SOURCES:
-    raise ValueError(f"--source must be one of "
-                     f"{', '.join(prfl.data.datasets.SOURCES)}, got "
-                     f"{cfg.source!r}.")
+  cli.check_dataset(cfg.dataset, cfg.source, DATASETS)
   if cfg.data_dir is not None and not os.path.isdir(cfg.data_dir):
     raise ValueError(f"--data-dir {cfg.data_dir} is not a directory.")
   if cfg.part not in PARTS:

@@ -217,6 +217,21 @@ def add_dataset_options(p: argparse.ArgumentParser, datasets: Sequence[str],
                  help=" | ".join(sources.SOURCES))
 
 
+def check_dataset(dataset: str, source: str, datasets: Sequence[str]):
+  """A config's `--dataset` / `--source` (for configs built without argparse).
+
+  Raises:
+    ValueError: naming the option and the values it accepts.
+  """
+  from prfl_jax.data import datasets as sources  # pylint: disable=import-outside-toplevel
+  if dataset not in datasets:
+    raise ValueError(f"--dataset must be one of {', '.join(datasets)}, got "
+                     f"{dataset!r}.")
+  if source not in sources.SOURCES:
+    raise ValueError(f"--source must be one of {', '.join(sources.SOURCES)}, "
+                     f"got {source!r}.")
+
+
 def parse(p: argparse.ArgumentParser, argv: Optional[Sequence[str]] = None,
           *, check: Optional[Callable[[argparse.Namespace], None]] = None
           ) -> argparse.Namespace:

@@ -89,13 +89,7 @@ def resolve(cfg: Config) -> Config:
   Raises:
     ValueError: naming the option, before any data is loaded.
   """
-  if cfg.dataset not in DATASETS:
-    raise ValueError(f"--dataset must be one of {', '.join(DATASETS)}, got "
-                     f"{cfg.dataset!r}.")
-  if cfg.source not in prfl.data.datasets.SOURCES:
-    raise ValueError(f"--source must be one of "
-                     f"{', '.join(prfl.data.datasets.SOURCES)}, got "
-                     f"{cfg.source!r}.")
+  cli.check_dataset(cfg.dataset, cfg.source, DATASETS)
   if cfg.data_dir is not None:
     if cfg.dataset == "digits":
       raise ValueError("--data-dir is not used by --dataset digits (it is "

@@ -196,3 +196,14 @@ def test_run_main_bad_combination_is_a_usage_error_before_run(tmp_path, capsys):
   assert e.value.code == 2
   assert "`--rounds` must be <= 10, got 11" in capsys.readouterr().err
   assert not os.path.exists(tmp_path / "x_resolved")
+
+
+def test_check_dataset_names_the_option_and_its_values():
+  """A config built in code (not through argparse) gets the same messages."""
+  cli.check_dataset("digits", "auto", ("digits", "mnist"))
+  with pytest.raises(ValueError, match=r"--dataset must be one of digits, "
+                     r"mnist, got 'cifar'"):
+    cli.check_dataset("cifar", "auto", ("digits", "mnist"))
+  with pytest.raises(ValueError, match=r"--source must be one of auto, .*"
+                     r"got 'web'"):
+    cli.check_dataset("digits", "web", ("digits", "mnist"))
