@@ -49,7 +49,7 @@ class Experiment(NamedTuple):
 
 
 def preset(experiment: str, name: str) -> str:
-  """Path of a committed config file, `experiments/configs/<exp>/<name>.toml`."""
+  """A committed config file: `experiments/configs/<experiment>/<name>.toml`."""
   return os.path.join(CONFIGS, experiment, f"{name}.toml")
 
 
@@ -161,7 +161,7 @@ def parse(config_cls, argv: Sequence[str], *, description: str = "",
 
 def _merged(entries: list) -> dict:
   """The entries of a repeated `dict` flag as one mapping."""
-  if all(isinstance(v, options._Text) for e in entries for v in e.values()):  # pylint: disable=protected-access
+  if all(isinstance(v, options.Text) for e in entries for v in e.values()):
     return {k: v for e in entries for k, v in e.items()}  # --grid.
   return functools.reduce(options.merge_settings, entries, {})
 

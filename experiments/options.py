@@ -58,7 +58,8 @@ class Spec:
   grid: bool = False  # `dict` options: {setting: [values]}, not per algorithm.
 
 
-def option(default, help: str, **spec) -> dataclasses.Field:  # pylint: disable=redefined-builtin
+def option(default, help: str,  # pylint: disable=redefined-builtin
+           **spec) -> dataclasses.Field:
   """A dataclass field that is an option (see the module docstring)."""
   meta = {"option": Spec(help, **spec)}
   if isinstance(default, dict):
@@ -189,7 +190,8 @@ def walk(config_cls, instance=None, path=()) -> list:
     value = getattr(instance, f.name)
     if "option" in f.metadata:
       found.append(Option(f.name, path + (f.name,), config_cls,
-                          option_types.Kind(hints[f.name]), f.metadata["option"], value))
+                          option_types.Kind(hints[f.name]),
+                          f.metadata["option"], value))
     elif dataclasses.is_dataclass(hints[f.name]):
       found += walk(hints[f.name], value, path + (f.name,))
     else:
@@ -282,7 +284,7 @@ def check_settings(cfg, mapping_option: Option, value: dict,
       o = settings[name]
       where = f"{flag} {alg}.{name}"
       try:
-        out[alg][name] = (o.read_text(v) if isinstance(v, _Text) else
+        out[alg][name] = (o.read_text(v) if isinstance(v, Text) else
                           o.read_value(v, source))
       except ValueError as e:
         raise ValueError(f"{where} ({source}): {e}") from None
@@ -298,13 +300,13 @@ def check_grid(cfg, grid_option: Option, value: dict, source: str) -> dict:
       raise ValueError(f"{grid_option.flag} ({source}): {name} is not a "
                        f"setting to sweep; settings: {', '.join(settings)}.")
     o = settings[name]
-    if isinstance(values, _Text):
-      values = [_Text(v) for v in values.split(",")]
+    if isinstance(values, Text):
+      values = [Text(v) for v in values.split(",")]
     if not isinstance(values, (list, tuple)) or not values:
       raise ValueError(f"{grid_option.flag} {name} ({source}) must be a "
                        f"non-empty list of values, got {values!r}.")
     try:
-      out[name] = [o.read_text(v) if isinstance(v, _Text) else
+      out[name] = [o.read_text(v) if isinstance(v, Text) else
                    o.read_value(v, source) for v in values]
     except ValueError as e:
       raise ValueError(f"{grid_option.flag} {name} ({source}): {e}") from None
@@ -315,12 +317,12 @@ def check_grid(cfg, grid_option: Option, value: dict, source: str) -> dict:
 
 
 def grid_text(text: str) -> dict:
-  """`NAME=V1,V2` -> `{NAME: _Text("V1,V2")}`."""
+  """`NAME=V1,V2` -> `{NAME: Text("V1,V2")}`."""
   name, sep, values = text.partition("=")
   if not sep or not name.strip() or not values.strip():
     raise ValueError(f"must look like SETTING=VALUE,VALUE (e.g. "
                      f"lr=0.05,0.1), got {text!r}")
-  return {name.strip(): _Text(values.strip())}
+  return {name.strip(): Text(values.strip())}
 
 
 def merge_settings(old: dict, new: dict) -> dict:
@@ -330,15 +332,15 @@ def merge_settings(old: dict, new: dict) -> dict:
   return merged
 
 
-class _Text(str):
+class Text(str):
   """A setting value still in command-line form."""
 
 
 def setting_text(text: str) -> dict:
-  """`ALG.NAME=VALUE` -> `{ALG: {NAME: _Text(VALUE)}}`."""
+  """`ALG.NAME=VALUE` -> `{ALG: {NAME: Text(VALUE)}}`."""
   head, sep, value = text.partition("=")
   alg, dot, name = head.strip().partition(".")
   if not sep or not dot or not alg or not name:
     raise ValueError(f"must look like ALGORITHM.SETTING=VALUE (e.g. "
                      f"fc.rounds=300), got {text!r}")
-  return {alg: {name: _Text(value.strip())}}
+  return {alg: {name: Text(value.strip())}}

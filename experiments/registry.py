@@ -3,7 +3,7 @@
 An experiment, a sweep or a benchmark builds an algorithm in two steps:
 
   s = registry.settings(cfg, "fc")     # cfg's settings, then fc's overrides
-  alg = registry.build("fc", ctx, s)   # prfl.algorithms.federated_clustering(...)
+  alg = registry.build("fc", ctx, s)   # prfl.algorithms.federated_clustering
 
 `settings` collects the options of the setting groups (`groups.SETTINGS`:
 optimizer, schedule, clustering, plan, baselines, robust aggregation) from

@@ -39,7 +39,7 @@ from experiments import training
 from experiments.mnist import config as table1
 from experiments.mnist import report as table1_report
 from experiments.mnist import run as table1_run
-from experiments.options import option
+from experiments.options import group, option
 from prfl_jax.train import personalized_eval
 
 TRACED = ("lr", "quantile")  # Settings built into the program as arrays.
@@ -47,7 +47,9 @@ TRACED = ("lr", "quantile")  # Settings built into the program as arrays.
 
 @dataclasses.dataclass(frozen=True)
 class Config(table1.Config):
-  """Table 1's options and the grid."""
+  """Table 1's options and the grid (default: FC alone)."""
+  algorithms: registry.Algorithms = group(registry.Algorithms,
+                                          algorithms=("fc",))
   grid: dict = option({}, "settings to sweep and their values ([grid] in "
                       "files: lr = [0.05, 0.1]; repeatable)",
                       groups=groups.SETTINGS, grid=True)

@@ -77,7 +77,8 @@ def test_cli_saved_config_and_help_agree(name, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(
-    cli.CONFIGS, "*", "*.toml"))), ids=lambda p: os.path.relpath(p, cli.CONFIGS))
+    cli.CONFIGS, "*", "*.toml"))),
+                         ids=lambda p: os.path.relpath(p, cli.CONFIGS))
 def test_every_committed_config_file_parses_and_resolves(path):
   """Presets are checked like command lines: a misspelt key or a value out of
   bounds fails here, not in a long run."""

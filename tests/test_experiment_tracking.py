@@ -55,7 +55,7 @@ def test_bar_mode_follows_the_rounds(capsys):
 def _scalars(directory) -> dict:
   """tag -> [(step, value)] of the event files in `directory` (TFRecords of
   `Event` protos: length, its CRC, the bytes, their CRC)."""
-  from tensorboardX.proto import event_pb2  # pylint: disable=import-outside-toplevel
+  from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
   out = {}
   for path in sorted(directory.glob("events.*")):
     raw = path.read_bytes()

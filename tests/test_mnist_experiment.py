@@ -151,8 +151,9 @@ def test_the_main_jobs_preset_is_the_default_configuration():
   with open(os.path.join(COMMITTED, "config.json")) as f:
     committed = json.load(f)["config"]
   expected = json.loads(json.dumps(options.to_dict(_cfg())))
-  assert {k: v for k, v in committed.items() if k != "out"} == {
-      k: v for k, v in expected.items() if k != "out"}
+  display = ("out", "progress", "tensorboard", "plots")  # Not the numbers.
+  assert {k: v for k, v in committed.items() if k not in display} == {
+      k: v for k, v in expected.items() if k not in display}
 
 
 def test_per_algorithm_settings_reach_the_runs():
@@ -230,7 +231,8 @@ def test_committed_table_is_rendered_from_its_results_and_reruns(tmp_path):
   """The committed digits table could be wrong with every test passing
   (issue 21). Here: every number of `table.md` is its `results.json`'s, and
   the first 30 rounds of two runs, rerun now, give the committed
-  evaluation at round 30."""
+  evaluation at round 30 (to 1e-4: XLA:CPU's rounding differs between
+  hosts from the 6th digit on; a wrong task or oracle moves it by far more)."""
   with open(os.path.join(COMMITTED, "results.json")) as f:
     committed = json.load(f)
   table = open(os.path.join(COMMITTED, "table.md")).read()
@@ -250,7 +252,7 @@ def test_committed_table_is_rendered_from_its_results_and_reruns(tmp_path):
       assert old[r["algorithm"]]["eval_round"][1] == 30
       np.testing.assert_allclose(r["curve_loss"][1],
                                  old[r["algorithm"]]["curve_loss"][1],
-                                 rtol=1e-6, err_msg=(task, r["algorithm"]))
+                                 rtol=1e-4, err_msg=(task, r["algorithm"]))
 
 
 def _run(name, acc):

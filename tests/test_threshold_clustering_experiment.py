@@ -16,7 +16,8 @@ from experiments.threshold_clustering import theorem as tc
 
 def _smoke_cfg(out):
   return config.resolve(cli.parse(config.Config, ["--config", cli.preset(
-      "threshold_clustering", "smoke"), "--smoke", "--out", out])[0])
+      "threshold_clustering", "smoke"), "--smoke", "--out", out,
+                                                  "--progress", "lines"])[0])
 
 
 @pytest.fixture(scope="module")

@@ -45,8 +45,9 @@ def plot_heatmap(cfg, rows: list, path: str):
   bottom.set_xlabel("attack")
   fig.colorbar(image, ax=axes[:, 0].tolist(), fraction=0.03,
                label="benign mean test accuracy (%)")
-  fig.suptitle(f"Byzantine grid: {cfg.dataset}, private label, "
-               f"{cfg.num_rounds} rounds († = NaN/Inf in a benign model)")
+  fig.suptitle(f"Byzantine grid: {cfg.data.dataset}, private label, "
+               f"{cfg.schedule.rounds} rounds († = NaN/Inf in a benign "
+               "model)")
   files.save_figure(fig, path)
   plt.close(fig)
 
@@ -84,8 +85,9 @@ def plot_figure6(cfg, runs: list, path: str):
              frameon=False)
   n = cfg.fig6_clients_per_cluster
   byz = int(np.floor(cfg.fig6_byzantine_fraction * n))
-  fig.suptitle(f"Figure 6 of Werner et al. (2023) on {cfg.dataset}: "
-               f"{cfg.num_clusters} clusters x ({n - byz} benign + {byz} "
+  fig.suptitle(f"Figure 6 of Werner et al. (2023) on {cfg.data.dataset}: "
+               f"{cfg.federation.clusters} clusters x ({n - byz} benign + "
+               f"{byz} "
                "Byzantine clients), private label")
   fig.tight_layout()
   files.save_figure(fig, path)

@@ -105,12 +105,14 @@ def grid_markdown(cfg, rows: list, header: dict) -> str:
                    f"{paper if paper is not None else '-'} | "
                    f"{r['seconds']:.0f} |")
   lines += ["", "Wall time per run (s):", "",
-            "| Byzantine | attack | " + " | ".join(registry.label(m) for m in methods)
+            "| Byzantine | attack | "
+            + " | ".join(registry.label(m) for m in methods)
             + " |", "|" + "|".join(["---"] * 2 + ["---:"] * len(methods))
             + "|"]
   for f in sorted(cfg.fractions):
     for a in config.grid_attacks(f, cfg):
-      lines.append(f"| {int(100 * f)}% | {config.ATTACK_LABELS[a]} | " + " | ".join(
+      lines.append(f"| {int(100 * f)}% | {config.ATTACK_LABELS[a]} | "
+                   + " | ".join(
           f"{by[(f, a, m)]['seconds']:.0f}" for m in methods) + " |")
   lines += [""] + [f"- {k}: {v}" for k, v in header.items()]
   return "\n".join(lines) + "\n"
@@ -125,7 +127,8 @@ def figure6_markdown(runs: list, header: dict) -> str:
   by = {(r["attack"], r["method"]): r for r in runs}
   for a in ("none", "large", "bit_flip"):
     fc, gl = by[(a, "fc")], by[(a, "global")]
-    lines.append(f"| {config.ATTACK_LABELS[a]} | {accuracy_cell(fc)} | {accuracy_cell(gl)} | "
+    lines.append(f"| {config.ATTACK_LABELS[a]} | {accuracy_cell(fc)} | "
+                 f"{accuracy_cell(gl)} | "
                  f"{fc['seconds']:.0f} / {gl['seconds']:.0f} |")
   lines += [""] + [f"- {k}: {v}" for k, v in header.items()]
   return "\n".join(lines) + "\n"

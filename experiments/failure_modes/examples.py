@@ -72,13 +72,15 @@ def example1(cfg) -> dict:
       example1_loss(cfg.eta_myopic), optax.sgd(cfg.eta_myopic),
       num_clusters=2, radius=cfg.myopic_radius, num_iters=10)
   state, traj_m, metrics_m, assign_m = jax.jit(
-      lambda s, k: run(alg, s, index_batch, cfg.example_rounds, k))(alg.init(x0), key)
+      lambda s, k: run(alg, s, index_batch, cfg.example_rounds, k))(
+          alg.init(x0), key)
   fc_radius = 0.5 / cfg.eta_fc
   alg = federated_clustering(
       example1_loss(cfg.eta_fc), optax.sgd(cfg.eta_fc), radius=fc_radius,
       num_iters=10)
   _, traj_f, _, _ = jax.jit(
-      lambda s, k: run(alg, s, index_batch, cfg.example_rounds, k))(alg.init(x0), key)
+      lambda s, k: run(alg, s, index_batch, cfg.example_rounds, k))(
+          alg.init(x0), key)
   assign_m = np.asarray(assign_m)
   return {
       "myopic": {
@@ -139,7 +141,8 @@ def example2(cfg) -> dict:
       example2_loss, optax.sgd(cfg.eta_ifca), radius=cfg.fc_radius_ex2,
       num_iters=10)
   _, traj, _, _ = jax.jit(
-      lambda s, k: run(alg, s, index_batch, cfg.example_rounds, k))(alg.init(x0), key)
+      lambda s, k: run(alg, s, index_batch, cfg.example_rounds, k))(
+          alg.init(x0), key)
   out["federated_clustering"] = {
       "eta": cfg.eta_ifca, "radius": cfg.fc_radius_ex2,
       "final_x": np.asarray(traj[-1]).tolist(),
@@ -167,7 +170,8 @@ def example3(cfg) -> dict:
     split_round = jnp.argmax(metrics["split"] > 0) + 1
     return state.clusters, split_round, traj, fc_traj
 
-  keys = jax.random.split(jax.random.PRNGKey(cfg.run.seed + 1), cfg.example3_seeds)
+  keys = jax.random.split(jax.random.PRNGKey(cfg.run.seed + 1),
+                          cfg.example3_seeds)
   clusters, split_round, traj, fc_traj = jax.device_get(
       jax.jit(jax.vmap(one_seed))(keys))
   separated = clusters[:, 1] != clusters[:, 2]
@@ -196,3 +200,12 @@ def example3(cfg) -> dict:
           "trajectory_seed0": fc_traj[0].tolist(),
       },
   }
+
+
+def _partition_label(clusters) -> str:
+  """E.g. `{1,3}|{2}` (1-based clients) for cluster ids `[0, 1, 0]`."""
+  groups = {}
+  for i, c in enumerate(np.asarray(clusters).tolist()):
+    groups.setdefault(c, []).append(str(i + 1))
+  parts = sorted(groups.values(), key=lambda g: int(g[0]))
+  return "|".join("{" + ",".join(g) + "}" for g in parts)

@@ -7,15 +7,6 @@ import numpy as np
 from experiments import files
 
 
-def _partition_label(clusters) -> str:
-  """E.g. `{1,3}|{2}` (1-based clients) for cluster ids `[0, 1, 0]`."""
-  groups = {}
-  for i, c in enumerate(np.asarray(clusters).tolist()):
-    groups.setdefault(c, []).append(str(i + 1))
-  parts = sorted(groups.values(), key=lambda g: int(g[0]))
-  return "|".join("{" + ",".join(g) + "}" for g in parts)
-
-
 def plot(results: dict, out: str):
   """Writes one PNG of trajectories per example."""
   plt = files.pyplot()

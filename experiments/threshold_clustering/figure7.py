@@ -143,7 +143,8 @@ def figure7_verdict(fig7: dict, cfg) -> str:
   spread = float(np.max(np.abs(scaled - scaled[0])) / scaled[0].max())
   moves = max(elbows) - min(elbows)
   text = (f"Elbows (first l with at most {cfg.elbow_tol:.0%} of the initial "
-          f"gap left) for sigma = {', '.join(f'{s:g}' for s in cfg.fig7_sigmas)}: "
+          "gap left) for sigma = "
+          f"{', '.join(f'{s:g}' for s in cfg.fig7_sigmas)}: "
           f"{', '.join(map(str, elbows))}. ")
   if moves <= 2:
     text += ("The elbow does NOT move with sigma here: ")

@@ -52,7 +52,8 @@ def plot_figure7(fig7: dict, cfg, path: str):
   fig.suptitle(
       f"Threshold-Clustering on make_blobs ({cfg.blob_points} points, "
       f"{cfg.blob_clusters} clusters, d={cfg.blob_dim}, radius = "
-      f"{cfg.fig7_quantile:.0%} quantile, {cfg.repeats} repeats) — Werner et al. "
+      f"{cfg.fig7_quantile:.0%} quantile, {cfg.repeats} repeats) — Werner "
+      "et al. "
       "2023, Fig. 7", y=1.02)
   files.save_figure(fig, path)
   plt.close(fig)
