@@ -131,7 +131,9 @@ def train(algorithm: base.Algorithm, params: PyTree,
     key: PRNG key; the same key gives the same numbers. Round r's randomness
       is `fold_in(key, r)`, so a resumed run (same `key`) continues the
       random stream of the uninterrupted one.
-    batch_size: examples per client per round (None: all M).
+    batch_size: examples per client per round (None: all M). With
+      `data.num_examples`, batches are `prfl.data.Padded` (see
+      `prfl.data.sample_batch`).
     eval_fn: `eval_fn(params, test) -> {name: scalar}` for one client.
     eval_every: rounds per compiled chunk / between evaluations (default: about
       20 evaluations per run); does not change the results.
@@ -217,11 +219,12 @@ def train(algorithm: base.Algorithm, params: PyTree,
     return personalized_eval(eval_fn, state.params, test, clusters,
                              state.byzantine, num_clusters)
 
-  def chunk(state, first_round, train_data, test, length):
+  def chunk(state, first_round, train_data, num_examples, test, length):
     def body(state, round_index):
       round_key = jax.random.fold_in(key, round_index)
       batch_key, step_key = jax.random.split(round_key)
-      batch = federated.sample_batch(batch_key, train_data, batch_size)
+      batch = federated.sample_batch(batch_key, train_data, batch_size,
+                                     num_examples)
       return algorithm.step(state, batch, step_key)
     rounds = first_round + jnp.arange(length, dtype=jnp.int32)
     state, metrics = lax.scan(body, state, rounds)
@@ -230,7 +233,7 @@ def train(algorithm: base.Algorithm, params: PyTree,
   if donate:  # Own the state, so that donating it never deletes the caller's.
     state = jax.tree.map(
         lambda x: x.copy() if isinstance(x, jax.Array) else x, state)
-  run_chunk = jax.jit(chunk, static_argnums=4,
+  run_chunk = jax.jit(chunk, static_argnums=5,
                       donate_argnums=0 if donate else ())
   run_eval = jax.jit(evaluate)
 
@@ -244,7 +247,8 @@ def train(algorithm: base.Algorithm, params: PyTree,
   for _ in range(num_chunks):
     length = min(eval_every, num_rounds - done)
     state, metrics, ev = run_chunk(state, np.int32(start_round + done),
-                                   data.train, data.test, length)
+                                   data.train, data.num_examples,
+                                   data.test, length)
     metrics, ev = sharding.to_host((metrics, ev))
     done += length
     train_metrics.append(metrics)
