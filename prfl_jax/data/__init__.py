@@ -9,6 +9,8 @@ from prfl_jax.data.padded import Padded
 from prfl_jax.data.padded import masked_mean
 from prfl_jax.data.padded import unpad
 from prfl_jax.data.partition import Federation
+from prfl_jax.data.ragged import HostData
+from prfl_jax.data.ragged import Ragged
 from prfl_jax.data.partition import dirichlet_partition
 from prfl_jax.data.partition import federate
 from prfl_jax.data.partition import iid_partition
