@@ -55,6 +55,23 @@ def draw_chunk(alg: cohort_lib.Cohort, key: jax.Array, num_clients: int,
   return Keys(*jax.vmap(one)(rounds))
 
 
+def on_host(keys: Keys) -> Keys:
+  """The chunk's draws as NumPy (keys as their raw data), for any process.
+
+  Host arrays are replicated into a jitted chunk whatever devices or
+  processes its state spans; `with_keys` turns the raw data back into keys.
+  """
+  return Keys(np.asarray(keys.index),
+              np.asarray(jax.random.key_data(keys.batch)),
+              np.asarray(jax.random.key_data(keys.step)))
+
+
+def with_keys(keys: Keys, impl) -> Keys:
+  """Inverse of `on_host` inside jit (`impl`: the run key's PRNG impl)."""
+  wrap = lambda k: jax.random.wrap_key_data(k, impl=impl)
+  return Keys(keys.index, wrap(keys.batch), wrap(keys.step))
+
+
 def device_batch(train: PyTree, counts: Optional[jax.Array],
                  index: jax.Array, batch_key: jax.Array,
                  batch_size: Optional[int]) -> PyTree:
