@@ -134,10 +134,13 @@ def main():
   rows = []
   for alg, n, rounds, chunk, state in configs:
     data_dir = tempfile.mkdtemp(prefix=f"prfl_cohort_{n}_", dir=args.data_dir)
+    if state not in ("device", "ram"):  # A fresh directory for the state.
+      state = tempfile.mkdtemp(prefix="state_", dir=data_dir)
     try:
       total = make_data(data_dir, n)
       load = os.getloadavg()[0]
       row = run_one(alg, n, data_dir, rounds, chunk, state)
+      row["state"] = "memory-mapped" if state.startswith(data_dir) else state
       row.update(examples=total, load_1min=load)
       if alg == "fc":
         row["client_state_gib"] = 2 * n * common.NUM_PARAMS * 4 / 2**30

@@ -26,7 +26,7 @@ import prfl_jax as prfl
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(REPO, "tests", "multiprocess_worker.py")
-TIMEOUT_S = 240  # All three processes together; a healthy run takes ~10-20 s.
+TIMEOUT_S = 420  # All three processes together; a healthy run takes ~15-30 s.
 
 
 def _free_port() -> int:
@@ -72,9 +72,8 @@ def test_two_processes_equal_one_process_and_checkpoints_restore_in_one(
   the msgpack checkpoint needed the whole state in one process).
 
   The cohort run (each process holding half of the clients' data and
-  state, the cohorts gathered across them) was seen to fail when the
-  chunk's draws entered the jitted chunk as device arrays committed to one
-  device (incompatible devices) instead of host NumPy.
+  state, every round's cohort gathered across both) must equal the
+  one-process run bit for bit as well.
   """
   if "jax_cpu_collectives_implementation" not in jax.config.values:
     pytest.skip("this jax has no CPU collectives (gloo) for multi-process "
