@@ -21,7 +21,7 @@ value): the cohort state keeps one copy, so N = 10^5 clients cost no more
 memory than N = 10.
 """
 
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
