@@ -10,10 +10,10 @@
 
 Every configuration runs in a fresh subprocess through `prfl.train` (chunks
 of `--chunk` rounds, `eval_fn=None`); it reports the seconds per round after
-the first chunk (which compiles) and its peak RSS (`ru_maxrss`: with a
-memory-mapped state this counts the mapped pages resident at the peak,
-which the kernel may write back and drop under pressure, unlike anonymous
-memory). Generated data: the time per round does not depend on the pixels.
+the first chunk (which compiles) and its peak RSS (`VmHWM`: with memory-
+mapped data or state this counts the mapped file pages resident at the
+peak, which the kernel may write back and drop under pressure, unlike
+anonymous memory). Generated data: the time per round does not depend on the pixels.
 
   python -m benchmarks.bench_cohort --fedavg 1000,10000,100000 --fc 1000,10000 \\
       --state-dir /tmp/prfl_fc_state
@@ -34,11 +34,18 @@ import numpy as np
 from benchmarks import common
 
 _CHILD = r"""
-import json, resource, sys, time
+import json, sys, time
 import jax, jax.numpy as jnp, numpy as np, optax
 import prfl_jax as prfl
 from prfl_jax import models
 alg_name, n, data_dir, rounds, chunk, state = {args!r}
+
+def peak_rss_gib():
+  # VmHWM: this process's peak RSS since exec (ru_maxrss would also count
+  # the parent's RSS at fork).
+  with open("/proc/self/status") as f:
+    kb = next(int(l.split()[1]) for l in f if l.startswith("VmHWM:"))
+  return kb / 2**20
 
 def loss(params, batch):
   (x, y), mask = prfl.data.unpad(batch)
@@ -73,7 +80,7 @@ print(json.dumps({{
     "algorithm": alg_name, "num_clients": n, "rounds": rounds,
     "chunk": chunk, "state": state, "s_per_round": steady,
     "first_chunk_s": float(elapsed[1]),
-    "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+    "peak_rss_gib": peak_rss_gib(),
     "final_loss": float(r.history["train/loss"][-1]),
     "total_s": time.perf_counter() - start}}))
 """
@@ -85,14 +92,15 @@ def make_data(directory: str, num_clients: int, seed: int = 0):
   counts = rng.integers(8, 48, num_clients)
   offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
   total = int(offsets[-1])
-  x = np.lib.format.open_memmap(os.path.join(directory, "x.npy"), mode="w+",
-                                dtype=np.uint8, shape=(total, 28, 28, 1))
-  block = 200_000
-  for start in range(0, total, block):
-    stop = min(start + block, total)
-    x[start:stop] = rng.integers(0, 256, (stop - start, 28, 28, 1), np.uint8)
-  x.flush()
-  del x
+  header = {"descr": "|u1", "fortran_order": False,
+            "shape": (total, 28, 28, 1)}
+  with open(os.path.join(directory, "x.npy"), "wb") as f:  # Not mapped.
+    np.lib.format.write_array_header_1_0(f, header)
+    block = 200_000
+    for start in range(0, total, block):
+      stop = min(start + block, total)
+      f.write(rng.integers(0, 256, (stop - start, 28, 28, 1),
+                           np.uint8).tobytes())
   np.save(os.path.join(directory, "y.npy"),
           rng.integers(0, 10, total).astype(np.int32))
   np.save(os.path.join(directory, "offsets.npy"), offsets)
