@@ -329,8 +329,11 @@ def federate(ds: ArrayDataset, *, task: str, num_clusters: int,
      degrees, "private_label" maps y -> (y + k) mod C, "label_blocks" and
      "none" change nothing.
   5. Padding: clients with fewer examples are padded to the largest with zero
-     images and label -1 (losses and evaluations must ignore labels < 0;
-     `sample_batch` draws valid examples first).
+     images and label -1. The training padding is explicit:
+     `data.num_examples` holds every client's count (None when all clients
+     are equal), so batches are `prfl.data.Padded` and `sample_batch` draws
+     real examples first. Test padding keeps label -1, which
+     `prfl.models.classifier_eval` does not score.
   6. Byzantine: the last `floor(byzantine_fraction * clients_per_cluster)`
      clients of every cluster are marked.
 
@@ -353,8 +356,9 @@ def federate(ds: ArrayDataset, *, task: str, num_clusters: int,
   Returns:
     `Federation(data, byzantine, num_classes, description)` with
     `data.train = (x float32 [N, M, H, W, C], y int32 [N, M])`,
-    `data.test = (x [N, T, H, W, C], y [N, T])`, `data.clusters` int32 `[N]`
-    and `byzantine` bool `[N]` (NumPy arrays).
+    `data.test = (x [N, T, H, W, C], y [N, T])`, `data.clusters` int32 `[N]`,
+    `data.num_examples` int32 `[N]` (or None when no client is padded) and
+    `byzantine` bool `[N]` (NumPy arrays).
 
   Raises:
     TypeError/ValueError: naming the argument, before any work: unknown task
@@ -433,6 +437,9 @@ def federate(ds: ArrayDataset, *, task: str, num_clusters: int,
        if padded else "") +
       f", {used} of {len(labels)} examples used, {num_byz} Byzantine per "
       f"cluster, seed={seed}")
-  data = FederatedData(train=(x, y), test=(xt, yt), clusters=clusters)
+  counts = (train_sizes.astype(np.int32)
+            if train_sizes.min() < x.shape[1] else None)
+  data = FederatedData(train=(x, y), test=(xt, yt), clusters=clusters,
+                       num_examples=counts)
   return Federation(data=data, byzantine=byzantine, num_classes=num_classes,
                     description=description)
