@@ -12,33 +12,36 @@ prfl_jax: `fedavg(local_steps=5)` adds the mean change). The model is pfl's
 max-pool, dense 128, dense 10; 1.63 M parameters), started from the same
 NumPy-drawn weights in every system.
 
-All three train the SAME clients in the same order: the cohorts are drawn by
-prfl_jax (`cohort_ids`) and replayed by pfl's user sampler and Flower's
-`configure_train`. So the systems compute the same function of the data up
-to float summation order, and `max_param_diff` reports how far their final
-models are from prfl_jax's.
+All three train the SAME clients in the same order: the cohorts are those
+`prfl.train` draws (`cohort_ids`), replayed by pfl's user sampler and
+Flower's `configure_train`. So the systems compute the same function of the
+data up to float summation order; `max_param_diff` reports how far their
+final models are from prfl_jax's.
 
 Per round, each system does:
-* prfl_jax: one step of a compiled `lax.scan` over rounds: gather the
-  cohort's 50 clients' data rows on the device, `vmap` one epoch of SGD over
-  them, average, scatter. The CNN's convolutions run as patches times kernel
+* prfl_jax: `prfl.train` of `prfl.participation.cohort(fedavg(...,
+  local_steps=5), cohort_size=50)`, the clients' data on the device: the
+  round's cohort is drawn from its key, its 50 clients' rows gathered, one
+  epoch of SGD `vmap`ped over them, the mean change added to the one global
+  model. The CNN's convolutions run as patches times kernel
   (`prfl_jax.kernels.conv.conv_by_patches`): XLA:CPU's own convolution
-  gradient is several times slower for these shapes (`--conv xla` measures it).
-* pfl: `FederatedAveraging` on `SimulatedBackend` (one process, the cohort's
-  users one after another in PyTorch, torch's default threads).
+  gradient is several times slower for these shapes (`--conv xla`).
+* pfl: `FederatedAveraging` on `SimulatedBackend`: one process, the cohort's
+  users one after another in PyTorch (`--torch-threads`, default 1: on this
+  loaded 2-core machine torch's default 2 threads were 5-10x slower).
 * Flower: `run_simulation` on Ray with `--ray-cpus` CPUs (one per ClientApp
-  actor, so that many clients train at once); each ClientApp call gets the
-  model as an ArrayRecord, makes its data, trains, sends the model back.
+  actor, so that that many clients train at once, one torch thread each);
+  each ClientApp call gets the model as an ArrayRecord, reads its client's
+  rows from a memory-mapped file, trains, sends the model back.
 
 Interleaving: the rounds run in segments of `--rounds` rounds; in each
 segment every system runs its next rounds, in an order rotated segment by
 segment, so that the machine's load falls on all of them alike. Each system
-continues from its own model. Times: s/round is the median over rounds after
-warm-up: prfl_jax is compiled ahead of time (compile_s) and a segment is one
-program, so its rounds are the segment's time / rounds; pfl's and Flower's
-first round of every segment (Ray's actors start, PyTorch's first calls) is
-left out and reported as `first_round_s`; `startup_s` is Flower's Ray start
-and stop around the rounds. Accuracy: every system's global model after each
+continues from its own model. s/round is the median over the rounds after
+warm-up: the first round of every segment is left out (`first_round_s`:
+prfl_jax compiles there, Flower starts its Ray actors, PyTorch makes its
+first calls); `wall_s` is each segment's whole time (Flower's includes
+starting and stopping Ray). Accuracy: every system's global model after each
 segment, evaluated by the same function (JAX, `prfl.models.classifier_eval`)
 on the same held-out images.
 
@@ -69,6 +72,7 @@ import prfl_jax as prfl
 from benchmarks import common
 from benchmarks import peers_task
 from prfl_jax.kernels import conv as conv_kernels
+from prfl_jax.participation import run as participation_run
 
 SYSTEMS = ("prfl_jax", "pfl", "flower")
 _MODULES = {"prfl_jax": "prfl_jax", "pfl": "pfl", "flower": "flwr"}
@@ -96,58 +100,53 @@ def cnn_apply(conv: str):
   return apply
 
 
-def draw_cohort(key: jax.Array, task: peers_task.Task) -> jax.Array:
-  """Round's cohort: `[C]` sorted client ids, uniform without replacement."""
-  ids = jax.random.choice(key, task.num_clients, (task.cohort,),
-                          replace=False)
-  return jnp.sort(ids).astype(jnp.int32)
+def cohort_fedavg(task: peers_task.Task, conv: str):
+  """FedAvg with one local epoch, run on cohorts of `task.cohort` clients."""
+  loss = prfl.models.classifier_loss(cnn_apply(conv))
+  alg = prfl.algorithms.fedavg(loss, optax.sgd(task.local_lr),
+                               local_steps=task.local_steps)
+  return prfl.participation.cohort(alg, cohort_size=task.cohort)
 
 
 def cohort_ids(key: jax.Array, task: peers_task.Task, rounds: int):
-  """`[rounds, C]`: the cohorts prfl_jax draws, for the peers to replay."""
-  keys = jax.vmap(lambda r: jax.random.fold_in(key, r))(jnp.arange(rounds))
-  return np.asarray(jax.vmap(lambda k: draw_cohort(k, task))(keys))
+  """`[rounds, C]`: the clients prfl.train draws, for the peers to replay."""
+  alg = cohort_fedavg(task, "patches")
+  keys = participation_run.draw_chunk(alg, key, task.num_clients,
+                                      jnp.arange(rounds, dtype=jnp.int32))
+  return np.asarray(keys.index)
 
 
 class PrflJax:
-  """prfl_jax's side: FedAvg over sampled cohorts, one program per segment."""
+  """prfl_jax's side: `prfl.train` of the cohort FedAvg, data on the device.
+
+  Every round is its own chunk (`eval_every=1`, no evaluation), so the
+  history's `elapsed_s` gives each round's time; the first round of each
+  `train` call compiles and is left out like the peers' first rounds.
+  """
 
   def __init__(self, task: peers_task.Task, data, key: jax.Array,
                rounds: int, conv: str):
-    self.task, self.key = task, key
-    loss = prfl.models.classifier_loss(cnn_apply(conv))
-    self.alg = prfl.algorithms.fedavg(
-        loss, optax.sgd(task.local_lr), local_steps=task.local_steps)
-    self.x = jax.device_put(data[0])
-    self.y = jax.device_put(data[1].astype(np.int32))
-    self.rounds = rounds
-    params = jax.tree.map(jnp.asarray, peers_task.init_params(task.seed))
-    t = time.perf_counter()
-    self.program = jax.jit(self._segment).lower(
-        params, jnp.int32(0), self.x, self.y).compile()
-    self.compile_s = time.perf_counter() - t
-
-  def _segment(self, params, first_round, x, y):
-    state = self.alg.init(prfl.tree.broadcast(params, self.task.cohort))
-
-    def body(state, r):
-      key = jax.random.fold_in(self.key, r)
-      ids = draw_cohort(key, self.task)
-      batch = (jnp.take(x, ids, axis=0), jnp.take(y, ids, axis=0))
-      state, metrics = self.alg.step(state, batch, key)
-      return state, metrics["loss"]
-
-    rounds = first_round + jnp.arange(self.rounds, dtype=jnp.int32)
-    state, _ = lax.scan(body, state, rounds)
-    return jax.tree.map(lambda a: a[0], state.params)
+    self.task, self.key, self.rounds = task, key, rounds
+    self.alg = cohort_fedavg(task, conv)
+    x, y = jax.device_put(data[0]), jax.device_put(data[1].astype(np.int32))
+    self.data = prfl.data.FederatedData(
+        train=(x, y), test=y,  # No per-client evaluation: test is unused.
+        clusters=jnp.zeros((task.num_clients,), jnp.int32))
+    self.state = None
 
   def run(self, params: dict, first_round: int):
-    t = time.perf_counter()
-    out = jax.block_until_ready(
-        self.program(jax.tree.map(jnp.asarray, params),
-                     jnp.int32(first_round), self.x, self.y))
-    per_round = (time.perf_counter() - t) / self.rounds
-    return jax.tree.map(np.asarray, out), [per_round] * self.rounds
+    del first_round  # The state counts the rounds.
+    start = None
+    if self.state is None:
+      start = prfl.participation.Replicated(
+          jax.tree.map(jnp.asarray, params), self.task.num_clients)
+    result = prfl.train(
+        self.alg, start, self.data,
+        num_rounds=self.rounds, key=self.key, batch_size=None, eval_every=1,
+        initial_state=self.state, verbose=False)
+    self.state = result.state
+    rounds = np.diff(result.history["elapsed_s"])
+    return jax.tree.map(np.asarray, self.state.server["params"]), rounds
 
 
 def available(systems) -> tuple:
@@ -210,21 +209,21 @@ def main(argv=None) -> int:
         f"({time.perf_counter() - t:.1f}s); load {os.getloadavg()}",
         flush=True)
   with tempfile.TemporaryDirectory() as data_dir:
-    rows, compile_s = run_segments(args, systems, task, data, data_dir)
-  return finish(args, task, systems, rows, notes, compile_s)
+    rows = run_segments(args, systems, task, data, data_dir)
+  return finish(args, task, systems, rows, notes)
 
 
 def run_segments(args, systems, task, data, data_dir: str):
-  """Every system's rounds, segment by segment; (rows, prfl_jax compile_s)."""
+  """Every system's rounds, segment by segment: {system: row}."""
   key = jax.random.PRNGKey(args.seed)
   cohorts = cohort_ids(key, task, args.segments * args.rounds)
   evaluate = jax.jit(prfl.models.classifier_eval(cnn_apply("xla")))
   test = peers_task.test_data(task)
   test = (jnp.asarray(test[0]), jnp.asarray(test[1].astype(np.int32)))
-  runners, compile_s = {}, None
+  runners = {}
   if "prfl_jax" in systems:
     jx = PrflJax(task, data, key, args.rounds, args.conv)
-    runners["prfl_jax"], compile_s = jx.run, jx.compile_s
+    runners["prfl_jax"] = jx.run
   if {"pfl", "flower"} & set(systems):
     from benchmarks import peers_torch  # pylint: disable=g-import-not-at-top
     runners["pfl"] = lambda p, r: peers_torch.run_pfl(
@@ -247,8 +246,7 @@ def run_segments(args, systems, task, data, data_dir: str):
       row["wall_s"].append(time.perf_counter() - t)
       row["load"].append(os.getloadavg()[0])
       times = list(map(float, times))
-      if s != "prfl_jax":
-        row["first_round_s"].append(times.pop(0))
+      row["first_round_s"].append(times.pop(0))
       row["round_s"].extend(times)
       ev = evaluate(jax.tree.map(jnp.asarray, row["params"]), test)
       row["accuracy"].append(float(ev["accuracy"]))
@@ -259,10 +257,10 @@ def run_segments(args, systems, task, data, data_dir: str):
             f"{[round(x, 2) for x in times]}, accuracy "
             f"{row['accuracy'][-1]:.3f}, load {row['load'][-1]:.1f}",
             flush=True)
-  return rows, compile_s
+  return rows
 
 
-def finish(args, task, systems, rows, notes, jx_compile) -> int:
+def finish(args, task, systems, rows, notes) -> int:
   ref = rows.get("prfl_jax")
   table = []
   for s in systems:
@@ -272,8 +270,6 @@ def finish(args, task, systems, rows, notes, jx_compile) -> int:
     row["max_param_diff"] = (None if ref is None or s == "prfl_jax" else
                              peers_task.max_abs_diff(row["params"],
                                                      ref["params"]))
-    if s == "prfl_jax":
-      row["compile_s"] = jx_compile
     table.append({k: v for k, v in row.items() if k != "params"})
   fastest = rows["prfl_jax"]["s_per_round"] if ref else None
   for r in table:

@@ -99,8 +99,8 @@ def test_prfl_jax_side_runs_and_writes_json(tmp_path):
                                        "--out", str(out)]) == 0
   result = json.loads(out.read_text())
   (row,) = result["rows"]
-  assert row["system"] == "prfl_jax" and len(row["round_s"]) == 4
-  assert row["s_per_round"] > 0 and row["compile_s"] > 0
+  assert row["system"] == "prfl_jax" and len(row["round_s"]) == 2
+  assert row["s_per_round"] > 0 and len(row["first_round_s"]) == 2
   assert len(row["accuracy"]) == 2 and 0 <= row["final_accuracy"] <= 1
   assert result["rounds"] == 4 and result["task"]["cohort"] == 2
 
@@ -117,8 +117,8 @@ def _one_round_pfl_vs_prfl(tmp_path, system):
 def test_pfl_trains_the_same_model(tmp_path):
   """pfl-research, replaying prfl_jax's cohorts, ends at prfl_jax's model.
 
-  Seen to fail (difference 1e-2) when pfl's user sampler is not given the
-  cohorts (its own random users).
+  Seen to fail (difference 0.61) when pfl's user sampler draws its own
+  random users instead of replaying the cohorts.
   """
   pytest.importorskip("torch")
   pytest.importorskip("pfl")
@@ -127,6 +127,7 @@ def test_pfl_trains_the_same_model(tmp_path):
 
 
 def test_flower_trains_the_same_model(tmp_path):
+  """Flower's simulation, replaying the cohorts, ends at prfl_jax's model."""
   pytest.importorskip("torch")
   pytest.importorskip("flwr")
   pytest.importorskip("ray")
