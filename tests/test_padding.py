@@ -133,3 +133,26 @@ def test_bad_num_examples_is_refused_before_training(counts, match):
                                  np.zeros(3, np.int32), num_examples=counts)
   with pytest.raises(ValueError, match=match):
     prfl.data.check_data(data)
+
+
+def test_federated_clustering_kernels_take_padded_batches():
+  """The ghost kernel traces a loss through a `Padded` batch: same models
+  as the Gram kernel, which materialises the gradients."""
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(6, 10, 16)).astype(np.float32)
+  y = rng.integers(0, 4, (6, 10)).astype(np.int32)
+  data = prfl.data.FederatedData(
+      (x, y), (x, y), np.zeros(6, np.int32),
+      num_examples=np.array([10, 3, 7, 10, 2, 5], np.int32))
+  params = prfl.tree.broadcast(models.mlp_init(jax.random.key(0), (16, 8, 4)),
+                               6)
+  out = []
+  for kernel in ("ghost", "gram"):
+    alg = prfl.algorithms.federated_clustering(
+        models.mlp_classifier_loss(2), optax.sgd(0.1),
+        radius=prfl.quantile_radius(0.5), num_groups=2,
+        plan=prfl.ExecutionPlan(2, kernel))
+    out.append(prfl.train(alg, params, data, num_rounds=2, batch_size=4,
+                          key=jax.random.key(0), verbose=False).state.params)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4,
+                                                       atol=1e-5), *out)

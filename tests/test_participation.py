@@ -189,14 +189,19 @@ def test_cohort_larger_than_the_federation_is_refused_before_compiling(data):
                key=jax.random.key(0), verbose=False)
 
 
-def test_replicated_params_never_build_the_stack(data):
-  """`Replicated` gives the state of the stacked copies, without them."""
-  alg = participation.cohort(prfl.algorithms.fedavg(LOSS, optax.sgd(0.1)),
-                             cohort_size=3)
+@pytest.mark.parametrize("name", ["fedavg", "fc", "oracle", "mc"])
+def test_replicated_params_give_the_stacked_state(name, data):
+  """`Replicated` gives the state of N stacked copies.
+
+  FedAvg, FC and Momentum-Clustering build it from C - D copies; the
+  oracle (whose state holds all N true clusters) from N. Seen to fail when
+  `init_parts` tiles row 0 of the oracle's clusters to every client.
+  """
+  alg = participation.cohort(algorithms(data.clusters)[name], cohort_size=4)
   one = jnp.array([1.0, 2.0, 3.0])
-  rep = alg.init(participation.Replicated(one, 8))
-  stacked = alg.init(jnp.tile(one, (8, 1)))
+  byz = np.arange(8) == 5
+  rep = alg.init(participation.Replicated(one, 8), byzantine=byz)
+  stacked = alg.init(jnp.tile(one, (8, 1)), byzantine=byz)
   assert jax.tree.structure(rep) == jax.tree.structure(stacked)
   for a, b in zip(jax.tree.leaves(rep), jax.tree.leaves(stacked)):
     np.testing.assert_array_equal(a, b)
-  assert rep.clients["byzantine"].shape == (8,)

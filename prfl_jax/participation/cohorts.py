@@ -21,7 +21,7 @@ value): the cohort state keeps one copy, so N = 10^5 clients cost no more
 memory than N = 10.
 """
 
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -70,6 +70,7 @@ class Cohort(NamedTuple):
   step: Callable[[CohortState, PyTree, jax.Array], tuple]
   members: Callable[[jax.Array, int], sampling.Members]
   apply: Callable  # apply(state, index [C - D], batch, key): a step on index.
+  init_parts: Callable  # (one model, N, byzantine) -> see `cohort`.
   view: Callable  # view(state, index) -> the inner state of those clients.
   algorithm: base.Algorithm  # the wrapped algorithm.
   cohort_size: int  # C.
@@ -187,19 +188,38 @@ def cohort(algorithm: base.Algorithm, *, cohort_size: int,
       one = state.server["params"]
     return inner_type(one, n)
 
+  def init_parts(one: PyTree, n: int, mask: jax.Array):
+    """The state of N clients that all start at `one`, without N copies.
+
+    Returns `(row, server, clients)`: one client's rows and the server
+    fields, from the algorithm's init on C - D copies (row 0), so that N
+    copies are never built; or, when that init refuses C - D clients
+    because its state holds per-client constants of all N (the oracle's
+    true clusters), `row` None and the full per-client fields.
+    """
+    layout = inner_type(one, n).layout
+    try:
+      state = split_state(
+          algorithm.init(tree_lib.broadcast(one, min(arrived, n))), layout)
+    except ValueError:
+      state = split_state(
+          algorithm.init(tree_lib.broadcast(one, n), byzantine=mask), layout)
+      return None, state.server, state.clients
+    row = {f: jax.tree.map(lambda x: x[0], v)
+           for f, v in state.clients.items()}
+    return row, state.server, None
+
   def init(params, *, byzantine=None) -> CohortState:
     n = num_clients(params)
     check_n(n)
-    one = params.params if isinstance(params, Replicated) else jax.tree.map(
-        lambda x: x[0], params)
-    layout = inner_type(one, n).layout
     mask = base.byzantine_mask(byzantine, n)
     if isinstance(params, Replicated):
-      state = split_state(algorithm.init(tree_lib.broadcast(one, 1)), layout)
-      clients = {f: tree_lib.broadcast(jax.tree.map(lambda x: x[0], v), n)
-                 for f, v in state.clients.items()}
-      clients["byzantine"] = mask
-      return CohortState(clients, state.server)
+      row, server, clients = init_parts(params.params, n, mask)
+      if clients is None:
+        clients = {f: tree_lib.broadcast(v, n) for f, v in row.items()}
+        clients["byzantine"] = mask
+      return CohortState(clients, server)
+    layout = inner_type(jax.tree.map(lambda x: x[0], params), n).layout
     return split_state(algorithm.init(params, byzantine=mask), layout)
 
   def view(state: CohortState, index: jax.Array):
@@ -215,4 +235,5 @@ def cohort(algorithm: base.Algorithm, *, cohort_size: int,
     _, inner_key = jax.random.split(key)
     return apply(state, members(key, n).index, batch, inner_key)
 
-  return Cohort(init, step, members, apply, view, algorithm, c, arrived)
+  return Cohort(init, step, members, apply, init_parts, view, algorithm, c,
+                arrived)

@@ -77,12 +77,12 @@ def setup(alg: cohort_lib.Cohort, params, data, *, key, batch_size,
   if initial_state is not None:
     state = initial_state
   elif state_on_host and isinstance(params, cohort_lib.Replicated):
-    row = alg.init(cohort_lib.Replicated(params.params, alg.cohort_size))
-    server = row.server
-    one = jax.tree.map(lambda x: np.asarray(x[0]), row.clients)
-    mask = np.asarray(base.byzantine_mask(byzantine, n))
-    state = cohort_lib.CohortState(
-        run.HostState.replicated(one, n, mask, host_dir), server)
+    mask = base.byzantine_mask(byzantine, n)
+    row, server, clients = alg.init_parts(params.params, n, mask)
+    host = (run.HostState(run.to_host(clients), host_dir) if row is None
+            else run.HostState.replicated(run.to_host(row), n,
+                                          np.asarray(mask), host_dir))
+    state = cohort_lib.CohortState(host, server)
   else:
     state = alg.init(params, byzantine=byzantine)
   if state_on_host and not isinstance(state.clients, run.HostState):
@@ -95,13 +95,17 @@ def setup(alg: cohort_lib.Cohort, params, data, *, key, batch_size,
   counts = None if on_host_data else data.num_examples
   train_data = None if on_host_data else data.train
 
-  def device_chunk(state, index, batch_keys, step_keys, train_data, counts):
-    batch_fn = lambda i: run.device_batch(train_data, counts, index[i],
-                                          batch_keys[i], batch_size)
-    return run.scan_rounds(alg, state, index, step_keys, batch_fn)
+  impl = jax.random.key_impl(key)
 
-  def host_chunk(state, index, step_keys, batches):
-    return run.scan_rounds(alg, state, index, step_keys, batches)
+  def device_chunk(state, keys, index, train_data, counts):
+    keys = run.with_keys(keys, impl)
+    batch_fn = lambda i: run.device_batch(train_data, counts, keys.index[i],
+                                          keys.batch[i], batch_size)
+    return run.scan_rounds(alg, state, index, keys.step, batch_fn)
+
+  def host_chunk(state, keys, index, batches):
+    keys = run.with_keys(keys, impl)
+    return run.scan_rounds(alg, state, index, keys.step, batches)
 
   donated = 0 if donate and not state_on_host else ()
   device_jit = jax.jit(device_chunk, donate_argnums=donated)
@@ -112,7 +116,7 @@ def setup(alg: cohort_lib.Cohort, params, data, *, key, batch_size,
     keys = draw(first_round + jnp.arange(length, dtype=jnp.int32))
     batches = (jax.device_put(run.host_batches(data, keys, batch_size))
                if on_host_data else None)
-    return keys, batches
+    return run.on_host(keys), batches
 
   pending = {}
 
@@ -131,10 +135,9 @@ def setup(alg: cohort_lib.Cohort, params, data, *, key, batch_size,
     else:
       inner = state
     if on_host_data:
-      inner, metrics = host_jit(inner, index, keys.step, batches)
+      inner, metrics = host_jit(inner, keys, index, batches)
     else:
-      inner, metrics = device_jit(inner, index, keys.batch, keys.step,
-                                  train_data, counts)
+      inner, metrics = device_jit(inner, keys, index, train_data, counts)
     pending[(first_round + length, length)] = run.prefetch(
         prepare, first_round + length, length)
     if state_on_host:
@@ -162,9 +165,10 @@ def setup(alg: cohort_lib.Cohort, params, data, *, key, batch_size,
     parts = []
     for block, size in _blocks(n, min(eval_block, n)):
       values = values_jit(block_params(state, block), block_test(block))
-      parts.append({k: np.asarray(v)[:size] for k, v in values.items()})
+      values = run.to_host(values)
+      parts.append({k: v[:size] for k, v in values.items()})
     values = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    byz = np.asarray(result(state).byzantine)
+    byz = run.to_host(result(state).byzantine)
     return summarize(values, clusters, byz, num_clusters)
 
   def result(state):

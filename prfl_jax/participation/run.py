@@ -55,6 +55,23 @@ def draw_chunk(alg: cohort_lib.Cohort, key: jax.Array, num_clients: int,
   return Keys(*jax.vmap(one)(rounds))
 
 
+def on_host(keys: Keys) -> Keys:
+  """The chunk's draws as NumPy (keys as their raw data), for any process.
+
+  Host arrays are replicated into a jitted chunk whatever devices or
+  processes its state spans; `with_keys` turns the raw data back into keys.
+  """
+  return Keys(np.asarray(keys.index),
+              np.asarray(jax.random.key_data(keys.batch)),
+              np.asarray(jax.random.key_data(keys.step)))
+
+
+def with_keys(keys: Keys, impl) -> Keys:
+  """Inverse of `on_host` inside jit (`impl`: the run key's PRNG impl)."""
+  wrap = lambda k: jax.random.wrap_key_data(k, impl=impl)
+  return Keys(keys.index, wrap(keys.batch), wrap(keys.step))
+
+
 def device_batch(train: PyTree, counts: Optional[jax.Array],
                  index: jax.Array, batch_key: jax.Array,
                  batch_size: Optional[int]) -> PyTree:
@@ -112,14 +129,12 @@ class HostState:
     state.leaves = []
     for i, x in enumerate(leaves):
       x = np.asarray(x)
-      shape = (num_clients,) + x.shape
       if directory is None:
-        out = np.empty(shape, x.dtype)
+        out = np.empty((num_clients,) + x.shape, x.dtype)
+        out[...] = x
       else:
-        out = np.lib.format.open_memmap(
-            os.path.join(directory, f"client_state_{i}.npy"), mode="w+",
-            dtype=x.dtype, shape=shape)
-      out[...] = x
+        out = _replicated_file(
+            os.path.join(directory, f"client_state_{i}.npy"), x, num_clients)
       state.leaves.append(out)
     state.tree()["byzantine"][...] = byzantine
     return state
@@ -134,6 +149,25 @@ class HostState:
   def put(self, clients: np.ndarray, rows: dict):
     for x, r in zip(self.leaves, jax.tree.leaves(rows)):
       x[clients] = np.asarray(r)[:len(clients)]
+
+
+def _replicated_file(path: str, row: np.ndarray, num_clients: int):
+  """A `.npy` of `num_clients` copies of `row`, memory-mapped read/write.
+
+  Written with plain file writes (64 MiB at a time), so the copies pass
+  through the page cache, not through this process's mapped memory.
+  """
+  header = {"descr": np.lib.format.dtype_to_descr(row.dtype),
+            "fortran_order": False, "shape": (num_clients,) + row.shape}
+  per_block = max(1, (64 << 20) // max(row.nbytes, 1))
+  block = np.broadcast_to(row, (min(per_block, num_clients),) + row.shape)
+  block = np.ascontiguousarray(block).tobytes()
+  with open(path, "wb") as f:
+    np.lib.format.write_array_header_1_0(f, header)
+    for start in range(0, num_clients, per_block):
+      rows = min(per_block, num_clients - start)
+      f.write(block[:rows * row.nbytes])
+  return np.load(path, mmap_mode="r+")
 
 
 def local_index(index: np.ndarray, width: int):
