@@ -128,10 +128,11 @@ def run_programs(cfg, name: str, fed, model, tracker, tag: str) -> list:
     sampler = lambda k, b=base.batch_size: prfl.data.sample_batch(
         k, data.train, b)
     start = time.perf_counter()
-    out = jax.jit(lambda h, k, base=base: prfl.sweep.sweep(
-        make, h, params, sampler, base.rounds, keys=k, evaluate=evaluate,
-        init_kwargs={"byzantine": fed.byzantine}))(
-            hparams, jnp.stack([train_key] * len(idx)))
+    out = jax.block_until_ready(jax.jit(lambda h, k, base=base: (
+        prfl.sweep.sweep(make, h, params, sampler, base.rounds, keys=k,
+                         evaluate=evaluate,
+                         init_kwargs={"byzantine": fed.byzantine})))(
+                             hparams, jnp.stack([train_key] * len(idx))))
     seconds = time.perf_counter() - start
     for j, i in enumerate(idx):
       rows[i] = {"point": grid[i], "accuracy": float(out.final["accuracy"][j]),

@@ -82,7 +82,8 @@ def test_defaults_group_overrides_and_good_values():
 ])
 def test_bad_values_name_the_option(argv, flag, capsys):
   """`--out ''` used to mean the default output directory silently (issue
-  21); seen to fail with `Kind.parse` returning '' unchecked."""
+  21); seen to fail with the empty-string check of `Option.problem`
+  removed."""
   with pytest.raises(SystemExit) as e:
     _parse(argv)
   assert e.value.code == 2

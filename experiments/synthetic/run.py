@@ -73,9 +73,9 @@ def run_grid(cfg, tracker) -> list:
     sampler = lambda k: prfl.data.sample_batch(k, data.train,
                                                cfg.sgd.batch_size)
     t0 = time.perf_counter()
-    out = jax.jit(lambda h, k: prfl.sweep.sweep(
+    out = jax.block_until_ready(jax.jit(lambda h, k: prfl.sweep.sweep(
         make, h, jnp.zeros((n, cfg.dim)), sampler, cfg.schedule.rounds,
-        keys=k))(hparams, keys)
+        keys=k))(hparams, keys))
     seconds = time.perf_counter() - t0
     runs += summarise(cfg, setting, name, points, out, data, seconds)
     for g, (lr, q) in enumerate(points):
