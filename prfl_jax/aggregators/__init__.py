@@ -38,12 +38,12 @@ the rows in front of any rule (`compose`) or of Threshold-Clustering.
 
 Modules, one family each:
   coordinate.py  mean, median, trimmed mean, Meamed.
-  krum.py        Krum, Multi-Krum, Bulyan.
+  selection.py   Krum, Multi-Krum, Bulyan.
   iterative.py   geometric median (RFA), centered clipping.
   neighbours.py  MoNNA.
   subsets.py     MDA, SMEA (exact, over all subsets).
   spectral.py    CAF, DnC.
-  signguard.py   SignGuard.
+  signs.py       SignGuard.
   pre.py         NNM, bucketing, clipping, ARC, cap_duplicates, compose.
   segments.py    one rule per segment of rows (IFCA).
 
@@ -60,9 +60,9 @@ from prfl_jax.aggregators.coordinate import median
 from prfl_jax.aggregators.coordinate import trimmed_mean
 from prfl_jax.aggregators.iterative import centered_clipping
 from prfl_jax.aggregators.iterative import geometric_median
-from prfl_jax.aggregators.krum import bulyan
-from prfl_jax.aggregators.krum import check_krum
-from prfl_jax.aggregators.krum import krum
+from prfl_jax.aggregators.selection import bulyan
+from prfl_jax.aggregators.selection import check_krum
+from prfl_jax.aggregators.selection import krum
 from prfl_jax.aggregators.neighbours import monna
 from prfl_jax.aggregators.pre import arc
 from prfl_jax.aggregators.pre import bucket_means
@@ -73,7 +73,7 @@ from prfl_jax.aggregators.pre import compose
 from prfl_jax.aggregators.pre import nnm
 from prfl_jax.aggregators.pre import PreAggregator
 from prfl_jax.aggregators.segments import per_segment
-from prfl_jax.aggregators.signguard import signguard
+from prfl_jax.aggregators.signs import signguard
 from prfl_jax.aggregators.spectral import caf
 from prfl_jax.aggregators.spectral import dnc
 from prfl_jax.aggregators.subsets import mda

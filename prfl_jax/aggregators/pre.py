@@ -194,7 +194,7 @@ def arc(num_byzantine: int) -> PreAggregator:
   return pre
 
 
-def cap_duplicates(tolerance: float = 1e-6) -> PreAggregator:
+def cap_duplicates(tolerance: float = 1e-3) -> PreAggregator:
   """Near-identical rows share the weight of one: a cap on tied messages.
 
   Row j is dropped (weight 0) when an earlier present row l < j is within
@@ -206,7 +206,9 @@ def cap_duplicates(tolerance: float = 1e-6) -> PreAggregator:
   the copies then count once, both in the quantile radius and in the
   centre's average (the defence of Federated-Clustering, see
   `docs/design.md`). An attacker can evade it only by spreading its points
-  apart, which `attacks.spread_edge` does.
+  apart, which `attacks.spread_edge` does. Distances come from the Gram
+  matrix (`pairwise_sq_distances`), which in float32 cannot tell apart rows
+  closer than about 3e-4 of their norm: the default tolerance is 1e-3.
 
   Args:
     tolerance: relative distance below which two rows are one, in [0, 1).
