@@ -30,6 +30,7 @@ import optax
 
 import prfl_jax as prfl
 from prfl_jax import clustering
+from prfl_jax.clustering import radius as radius_lib
 from prfl_jax import sweep as sweep_lib
 from benchmarks import common
 
@@ -37,12 +38,12 @@ from benchmarks import common
 @contextlib.contextmanager
 def sort_path():
   """Traces `masked_quantile` with its sort path (for every N)."""
-  saved = clustering.RANK_QUANTILE_MAX_N
-  clustering.RANK_QUANTILE_MAX_N = 0
+  saved = radius_lib.RANK_QUANTILE_MAX_N
+  radius_lib.RANK_QUANTILE_MAX_N = 0
   try:
     yield
   finally:
-    clustering.RANK_QUANTILE_MAX_N = saved
+    radius_lib.RANK_QUANTILE_MAX_N = saved
 
 
 def _timed(compiled, args, repeats):
@@ -141,8 +142,8 @@ def main(argv=None):
   except ValueError:
     p.error(f"--clients must be comma-separated integers, got "
             f"{args.clients!r}")
-  if any(not 2 <= c <= clustering.RANK_QUANTILE_MAX_N for c in clients):
-    p.error(f"--clients must lie in [2, {clustering.RANK_QUANTILE_MAX_N}]")
+  if any(not 2 <= c <= radius_lib.RANK_QUANTILE_MAX_N for c in clients):
+    p.error(f"--clients must lie in [2, {radius_lib.RANK_QUANTILE_MAX_N}]")
   for name in ("configs", "models", "repeats"):
     if getattr(args, name) < 1:
       p.error(f"--{name} must be >= 1")

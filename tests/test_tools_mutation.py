@@ -21,7 +21,8 @@ def test_core_preset_resolves_and_mutants_compile(capsys):
   assert tool.main(["--preset", "core", "--list"]) == 0
   listing = capsys.readouterr().out
   # Every core module is found (wherever the engine keeps it) with its tests.
-  for name in ("clustering.py:", "ghost.py:", "federated_clustering.py:"):
+  for name in ("clustering/radius.py:", "clustering/threshold.py:", "ghost.py:",
+               "federated_clustering.py:"):
     assert name in listing
   # The rank formula of the quantile is among the mutants.
   assert "'count - 1' -> 'count + 1'" in listing

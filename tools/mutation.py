@@ -38,8 +38,8 @@ at trace time or is clamped away by JAX's indexing.
   python tools/mutation.py --preset core --list         # the mutants
   python tools/mutation.py --preset core --workers 2 --out mutation.json
   python tools/mutation.py --preset core --only 12,40   # rerun two mutants
-  python tools/mutation.py \
-      --target "prfl_jax/clustering.py:masked_quantile=tests/test_clustering.py"
+  python tools/mutation.py --target \
+      "prfl_jax/clustering/radius.py:masked_quantile=tests/test_clustering.py"
 
 The module paths are arguments, so the script keeps working when modules
 move (e.g. `prfl_jax/ghost.py` -> `prfl_jax/kernels/ghost.py`); `--preset
@@ -68,9 +68,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # assignment and write-back, Gram formula and centring. Each entry: candidate
 # paths (the first that exists is used), functions, tests that exercise them.
 CORE_PRESET = [
-    (("prfl_jax/clustering.py",),
-     ("masked_quantile", "_inside", "_direct", "gram_clustering_coefs",
-      "centred_gram", "mask_gram", "combine_centred"),
+    (("prfl_jax/clustering/radius.py", "prfl_jax/clustering.py"),
+     ("masked_quantile", "_inside"),
+     (("tests/test_clustering.py",),
+      ("tests/test_federated_clustering.py::test_rounds_match_numpy",),
+      ("tests/test_federated_clustering.py::"
+       "test_groups_match_numpy_under_every_plan",))),
+    (("prfl_jax/clustering/threshold.py", "prfl_jax/clustering.py"),
+     ("_direct", "gram_clustering_coefs", "centred_gram", "mask_gram",
+      "combine_centred"),
      (("tests/test_clustering.py",),
       ("tests/test_federated_clustering.py::test_rounds_match_numpy",),
       ("tests/test_federated_clustering.py::"
