@@ -44,6 +44,7 @@ class FederatedClusteringState(NamedTuple):
   opt_state: PyTree  # leaves [N, ...]: per-client optimizer state.
   byzantine: jax.Array  # [N] bool: malicious clients.
   round: jax.Array  # [] int32: rounds done.
+  layout = base.Layout(clients=("params", "opt_state", "byzantine"))
 
 
 class _Groups(NamedTuple):
@@ -275,9 +276,7 @@ def federated_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
 
   def init(params, *, byzantine=None) -> FederatedClusteringState:
     n = base.init_params(params)
-    if num_groups > n:
-      raise ValueError(
-          f"`num_groups`={num_groups} exceeds the number of clients N={n}.")
+    base.check_at_most_clients(num_groups, "num_groups", n)
     opt_state = jax.vmap(optimizer.init)(params)
     return FederatedClusteringState(params, opt_state,
                                     base.byzantine_mask(byzantine, n),
@@ -285,6 +284,8 @@ def federated_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
 
   def step(state: FederatedClusteringState, batch: PyTree, key: jax.Array):
     gradients.check_loss_fn(loss_fn, state.params, batch)  # At trace time.
+    base.check_at_most_clients(num_groups, "num_groups",
+                               state.byzantine.shape[0])
     cluster = (True if local_steps == 0 else
                state.round % (local_steps + 1) == 0)
     params, opt_state, stats, groups = clustered_update(
