@@ -1,141 +1,19 @@
-"""Byzantine attacks: what malicious clients send instead of honest messages.
-
-An attack is a pure function
-
-  attack(messages, byzantine, key) -> messages
-
-where `messages` is a pytree whose leaves are `[N, ...]` (the honest message
-every client would send: a gradient in Federated-Clustering, a momentum in
-Momentum-Clustering), `byzantine` is the `[N]` bool mask of malicious clients
-and `key` a PRNG key. Rows of benign clients are returned unchanged; attacks
-may use every honest message (omniscient attacker, Werner et al., 2023,
-Section 5.4). Statistics are taken over benign clients only.
-
-References:
-  Baruch et al., 2019 (ALIE); Xie et al., 2020 (IPM); Karimireddy et al., 2022
-  (mimic); Werner et al., 2023, Section 5.4 (large gradients, bit flipping),
-  Section 3.1.1 (threat model of Threshold-Clustering: `threshold_edge`).
-"""
+"""Attacks at the edge of Threshold-Clustering's ball (Werner et al., 2023,
+Section 3.1.1, threat model): one tied point per cluster, or several that
+spread out (the adaptive attack on Federated-Clustering)."""
 
 import math
 import numbers
-from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-from jax.scipy import stats
 
 from prfl_jax import clustering
 from prfl_jax import tree as tree_lib
 from prfl_jax import validation
+from prfl_jax.attacks import base
 
-PyTree = Any
-Attack = Callable[[PyTree, jax.Array, jax.Array], PyTree]
-
-
-def _replace(messages: PyTree, byzantine: jax.Array, bad: PyTree) -> PyTree:
-  """Rows of `bad` (leaves `[N, ...]` or `[...]`) where `byzantine`."""
-  bad = jax.tree.map(lambda b, m: jnp.broadcast_to(b, m.shape).astype(m.dtype),
-                     bad, messages)
-  return tree_lib.where(byzantine, bad, messages)
-
-
-def _benign_stats(messages: PyTree, byzantine: jax.Array):
-  """Coordinate-wise mean and std over benign clients (leaves `[...]`)."""
-  w = (~byzantine).astype(jnp.float32)
-  mean = tree_lib.weighted_mean(messages, w)
-  var = tree_lib.weighted_mean(
-      jax.tree.map(lambda m, mu: jnp.square(m - mu[None]), messages, mean), w)
-  return mean, jax.tree.map(jnp.sqrt, var)
-
-
-def none() -> Attack:
-  """No attack: Byzantine clients behave honestly."""
-  def attack(messages, byzantine, key):
-    del byzantine, key  # Unused.
-    return messages
-  return attack
-
-
-def gaussian(scale: float = 100.0) -> Attack:
-  """Byzantine clients send `N(0, scale^2 I)` noise."""
-  def attack(messages, byzantine, key):
-    leaves, treedef = jax.tree.flatten(messages)
-    keys = jax.random.split(key, len(leaves))
-    noise = [scale * jax.random.normal(k, x.shape, x.dtype)
-             for k, x in zip(keys, leaves)]
-    return _replace(messages, byzantine, jax.tree.unflatten(treedef, noise))
-  return attack
-
-
-def large(scale: float = 1e4) -> Attack:
-  """Large-gradient attack: `scale` times the client's honest message."""
-  def attack(messages, byzantine, key):
-    del key  # Unused.
-    return _replace(messages, byzantine,
-                    jax.tree.map(lambda m: scale * m, messages))
-  return attack
-
-
-def bit_flip() -> Attack:
-  """Bit-flipping (sign-flipping) attack: the negated honest message."""
-  def attack(messages, byzantine, key):
-    del key  # Unused.
-    return _replace(messages, byzantine, jax.tree.map(jnp.negative, messages))
-  return attack
-
-
-def alie(z: float | None = None) -> Attack:
-  """A Little Is Enough: `mean - z * std` of the benign messages.
-
-  Args:
-    z: deviation in standard deviations. None uses Baruch et al.'s value
-      `z = Phi^{-1}((N - s) / N)`, `s = floor(N/2 + 1) - f`, with `f` the
-      number of Byzantine clients.
-  """
-  def attack(messages, byzantine, key):
-    del key  # Unused.
-    mean, std = _benign_stats(messages, byzantine)
-    if z is None:
-      n = byzantine.shape[0]
-      f = jnp.sum(byzantine)
-      s = jnp.floor(n / 2 + 1) - f
-      zz = stats.norm.ppf(jnp.clip((n - s) / n, 1e-6, 1 - 1e-6))
-    else:
-      zz = z
-    bad = jax.tree.map(lambda mu, sd: mu - zz * sd, mean, std)
-    return _replace(messages, byzantine, bad)
-  return attack
-
-
-def ipm(epsilon: float = 0.1) -> Attack:
-  """Inner-product manipulation: `-epsilon` times the benign mean."""
-  def attack(messages, byzantine, key):
-    del key  # Unused.
-    mean, _ = _benign_stats(messages, byzantine)
-    return _replace(messages, byzantine,
-                    jax.tree.map(lambda mu: -epsilon * mu, mean))
-  return attack
-
-
-def mimic() -> Attack:
-  """Mimic: every Byzantine client copies the first benign client's message."""
-  def attack(messages, byzantine, key):
-    del key  # Unused.
-    target = jnp.argmax(~byzantine)
-    return _replace(messages, byzantine,
-                    jax.tree.map(lambda m: m[target], messages))
-  return attack
-
-
-def non_finite(value: float = float("nan")) -> Attack:
-  """Byzantine clients send NaN (or +-Inf) messages."""
-  def attack(messages, byzantine, key):
-    del key  # Unused.
-    return _replace(messages, byzantine,
-                    jax.tree.map(lambda m: jnp.full((), value, m.dtype),
-                                 messages))
-  return attack
+Attack = base.Attack
 
 
 def edge_radius(radius, distances: jax.Array, benign: jax.Array) -> jax.Array:
@@ -213,6 +91,54 @@ def threshold_edge(radius, *, num_iters: int = 10, margin: float = 0.05,
     ValueError: on a bad radius, `num_iters`, `margin` or `direction`.
     TypeError: if `radius` is a rule other than `quantile_radius`.
   """
+  return _edge_attack(radius, num_iters, margin, direction, 0.0)
+
+
+def _tilt(unit, angle: float, key: jax.Array):
+  """Each row's unit vector turned by `angle` towards its own random
+  direction orthogonal to it: `cos(a) u_j + sin(a) w_j`."""
+  leaves, treedef = jax.tree.flatten(unit)
+  keys = jax.random.split(key, len(leaves))
+  noise = jax.tree.unflatten(treedef, [
+      jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)])
+  dots = sum(jnp.sum((n * u).reshape(n.shape[0], -1), axis=1)
+             for n, u in zip(jax.tree.leaves(noise), leaves))
+  expand = lambda c, x: c.reshape((-1,) + (1,) * (x.ndim - 1))
+  ortho = jax.tree.map(lambda n, u: n - expand(dots, u) * u, noise, unit)
+  norm = jnp.sqrt(tree_lib.sq_norms(ortho))
+  return jax.tree.map(
+      lambda u, o: math.cos(angle) * u + math.sin(angle) * o / expand(
+          jnp.maximum(norm, 1e-30), o), unit, ortho)
+
+
+def spread_edge(radius, *, num_iters: int = 10, margin: float = 0.05,
+                direction: str = "against", angle: float = 0.5) -> Attack:
+  """The adaptive attack on Federated-Clustering: `threshold_edge` spread out.
+
+  Every Byzantine client sits, like in `threshold_edge`, at distance
+  `(1 - margin) r_j` from its cluster's estimate `v_j` (just inside the
+  defender's quantile ball, whose radius it knows), but instead of the
+  common direction `u_j` each turns it by `angle` (radians) towards its own
+  random direction orthogonal to `u_j` (fresh each round, from `key`):
+  `v_j + (1 - margin) r_j (cos(a) u_j + sin(a) w_j)`. The Byzantine points
+  of one cluster are then about `sqrt(2) sin(a) (1 - margin) r` apart, no
+  longer tied, so a defence that merges near-identical messages
+  (`aggregators.cap_duplicates`) counts each of them, while their mean
+  still pulls along `u_j` with `cos(a)` of the full strength.
+
+  Args:
+    radius, num_iters, margin, direction: as in `threshold_edge`.
+    angle: in [0, pi/2]; 0 is `threshold_edge` (with key-independent rows).
+
+  Raises:
+    ValueError / TypeError: as `threshold_edge`, or on a bad `angle`.
+  """
+  return _edge_attack(radius, num_iters, margin, direction, angle)
+
+
+def _edge_attack(radius, num_iters: int, margin: float, direction: str,
+                 angle: float) -> Attack:
+  """`threshold_edge` (angle 0) and `spread_edge`."""
   if callable(radius) and not isinstance(radius, clustering.QuantileRadius):
     raise TypeError(
         "`radius` must be a scalar or prfl_jax.quantile_radius(q): the attack "
@@ -225,9 +151,11 @@ def threshold_edge(radius, *, num_iters: int = 10, margin: float = 0.05,
   if direction not in ("against", "fixed"):
     raise ValueError(
         f"`direction` must be 'against' or 'fixed', got {direction!r}.")
+  if (isinstance(angle, bool) or not isinstance(angle, numbers.Real) or
+      not 0 <= angle <= math.pi / 2):
+    raise ValueError(f"`angle` must be in [0, pi/2], got {angle!r}.")
 
   def attack(messages, byzantine, key):
-    del key  # Unused.
     benign = ~byzantine
     estimates = clustering.threshold_clustering(
         messages, messages, radius=radius, num_iters=num_iters,
@@ -245,24 +173,11 @@ def threshold_edge(radius, *, num_iters: int = 10, margin: float = 0.05,
               coef.reshape((-1,) + (1,) * (v.ndim - 1)) * v, ones), estimates)
     else:
       unit = jax.tree.map(lambda v: jnp.full_like(v, ones), estimates)
+    if angle > 0:
+      unit = _tilt(unit, angle, key)
     step = (1.0 - margin) * r
     bad = jax.tree.map(
         lambda v, u: v + step.reshape((-1,) + (1,) * (v.ndim - 1)) * u,
         estimates, unit)
-    return _replace(messages, byzantine, bad)
+    return base.replace(messages, byzantine, bad)
   return attack
-
-
-def flip_labels(labels: jax.Array, byzantine: jax.Array,
-                num_classes: int) -> jax.Array:
-  """Label-flipping data transform: `y -> num_classes - 1 - y` for Byzantine.
-
-  Labels < 0 (padding, see `prfl_jax.data.federate`) stay as they are.
-
-  Args:
-    labels: `[N, M]` integer labels.
-    byzantine: `[N]` bool mask.
-    num_classes: number of classes.
-  """
-  flipped = jnp.where(labels >= 0, num_classes - 1 - labels, labels)
-  return jnp.where(byzantine[:, None], flipped, labels)
