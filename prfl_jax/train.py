@@ -1,17 +1,19 @@
 """`train`: a federated run as jitted `lax.scan` chunks between evaluations.
 
 Rounds are grouped into chunks of `eval_every` rounds; each chunk is one XLA
-program (a `lax.scan` over rounds, batches sampled inside it) that ends with a
-personalized evaluation: every client's model on its own test data, averaged
-over benign clients and per true cluster. Between chunks the host prints
-progress (round, metrics, time left) and may save a checkpoint. The chunk
-compiles once; a shorter last chunk (when `eval_every` does not divide
-`num_rounds`) compiles once more.
+program (a `lax.while_loop` over rounds, batches sampled inside it) that ends
+with a personalized evaluation: every client's model on its own test data,
+averaged over benign clients and per true cluster. Between chunks the host
+prints progress (round, metrics, time left) and may save a checkpoint. The
+chunk compiles once; a shorter last chunk runs the same program.
 
 Round r (counted from 0 over the whole run, i.e. `state.round` before it)
 draws all its randomness (mini-batches, FC's groups, attack noise) from
-`jax.random.fold_in(key, r)`: results depend neither on `eval_every` nor on
-where a run was stopped and resumed.
+`jax.random.fold_in(key, r)`, and the number of rounds a chunk runs is known
+only at run time, so every round runs the same compiled loop body whatever
+the chunk length (a one-round `lax.scan` is inlined and fused differently,
+which moved results in the last bit): results depend neither on `eval_every`
+nor on where a run was stopped and resumed.
 """
 
 import math
@@ -26,6 +28,7 @@ import numpy as np
 
 from prfl_jax import checkpoint
 from prfl_jax import sharding
+from prfl_jax import validation
 from prfl_jax.algorithms import base
 from prfl_jax.algorithms import cluster_models
 from prfl_jax.data import federated
@@ -105,6 +108,72 @@ def _check_clusters(clusters: np.ndarray):
         f"dtype {clusters.dtype} with values {np.unique(clusters)[:10]}.")
 
 
+def default_eval_every(start_round: int, num_rounds: int) -> int:
+  """`ceil((start_round + num_rounds) / 20)`: about 20 evaluations from round
+  0, the same chunk length for a run and its resumes."""
+  return max(1, math.ceil((start_round + num_rounds) / 20))
+
+
+def check_examples(data: federated.FederatedData):
+  """Raises ValueError if clients have no training examples or `data` holds
+  NaN or Inf (which would silently turn those clients' models NaN).
+
+  Args:
+    data: the federation; `data.train` leaves `[N, M, ...]`.
+  """
+  if federated.num_examples(data.train) == 0:
+    raise ValueError(
+        "`data.train` has 0 examples per client (leaves [N, 0, ...]); every "
+        "client needs at least one training example.")
+  for part in ("train", "test"):
+    paths, _ = jax.tree_util.tree_flatten_with_path(getattr(data, part))
+    for path, leaf in paths:
+      if not jnp.issubdtype(leaf.dtype, jnp.inexact) or np.ndim(leaf) < 1:
+        continue
+      finite = sharding.to_host(jnp.all(
+          jnp.isfinite(leaf).reshape(np.shape(leaf)[0], -1), axis=1))
+      if not finite.all():
+        bad = np.flatnonzero(~finite)
+        raise ValueError(
+            f"`data.{part}{jax.tree_util.keystr(path)}` holds NaN or Inf for "
+            f"clients {bad[:10].tolist()}{' ...' if bad.size > 10 else ''}; "
+            "they would turn those clients' models NaN: clean or drop them.")
+
+
+def check_initial_state(algorithm: base.Algorithm, state: Any):
+  """Raises TypeError/ValueError unless `state` is a state of `algorithm`:
+  the same state type, tree structure, leaf shapes and dtypes as
+  `algorithm.init` gives for `state.params` (traced, nothing is run).
+
+  Args:
+    algorithm: an `Algorithm(init, step)`.
+    state: a resumed state, e.g. from `prfl.checkpoint.restore`.
+  """
+  params = getattr(state, "params", None)
+  if params is None:
+    raise TypeError(
+        "`initial_state` must be a prfl_jax algorithm state (with `params`), "
+        f"got {type(state).__name__}.")
+  expected = jax.eval_shape(algorithm.init, params)
+  if type(expected) is not type(state):
+    raise TypeError(
+        f"`initial_state` is a {type(state).__name__}, but `algorithm` builds "
+        f"a {type(expected).__name__}: resume with the algorithm that wrote "
+        "the state.")
+  got_paths, got_def = jax.tree_util.tree_flatten_with_path(state)
+  want_paths, want_def = jax.tree_util.tree_flatten_with_path(expected)
+  if got_def != want_def:
+    raise ValueError(
+        f"`initial_state` has the structure {got_def}, but `algorithm` builds "
+        f"{want_def} (other settings, e.g. another optimizer?).")
+  for (path, got), (_, want) in zip(got_paths, want_paths):
+    shape, dtype = np.shape(got), jnp.result_type(got)
+    if shape != want.shape or dtype != want.dtype:
+      raise ValueError(
+          f"`initial_state{jax.tree_util.keystr(path)}` is {dtype}{list(shape)}"
+          f", but `algorithm` builds {want.dtype}{list(want.shape)}.")
+
+
 def _format(metrics: dict) -> str:
   parts = []
   for name, v in sorted(metrics.items()):
@@ -133,8 +202,11 @@ def train(algorithm: base.Algorithm, params: PyTree,
       random stream of the uninterrupted one.
     batch_size: examples per client per round (None: all M).
     eval_fn: `eval_fn(params, test) -> {name: scalar}` for one client.
-    eval_every: rounds per compiled chunk / between evaluations (default: about
-      20 evaluations per run); does not change the results.
+    eval_every: rounds per compiled chunk / between evaluations; does not
+      change the results. Default: `ceil(R / 20)` where R counts the rounds
+      from round 0 to the end of this call (`initial_state.round +
+      num_rounds`), so a run evaluates about 20 times, and a resume keeps the
+      chunk length of the run it continues.
     byzantine: optional `[N]` bool mask of malicious clients. It is part of
       the state: with `initial_state`, it may only repeat the state's mask.
     initial_state: resume from this state (e.g. `prfl.checkpoint.restore`d)
@@ -143,7 +215,10 @@ def train(algorithm: base.Algorithm, params: PyTree,
     checkpoint_path: if set, a directory where `prfl.checkpoint.save` stores
       the state after every chunk (orbax, with checksums), so an interrupted
       run can resume; checked writable before the first round. A fresh run
-      (no `initial_state`) needs a directory without checkpoints.
+      (no `initial_state`) needs a directory without checkpoints. Every
+      checkpoint records what a resume must repeat (`key`, `batch_size`, the
+      training data's shapes, the algorithm and its settings); a resume into
+      the same directory that differs in any of them is refused, naming it.
     verbose: print progress after every chunk.
     log: where progress lines go (default: stderr).
     donate: donate each chunk's input state to XLA, so that the new state is
@@ -162,13 +237,16 @@ def train(algorithm: base.Algorithm, params: PyTree,
   Raises:
     ValueError/TypeError: on inconsistent arguments (also `eval_fn` not
       returning a dict of scalars, a `byzantine` mask that contradicts
-      `initial_state`'s), before compiling.
+      `initial_state`'s, an `initial_state` that is not `algorithm`'s,
+      clients without training examples, NaN or Inf in `data`), before
+      compiling.
     OSError: if `checkpoint_path` is not writable, before the first round.
   """
   if not isinstance(algorithm, base.Algorithm):
     raise TypeError(f"`algorithm` must be a prfl_jax Algorithm, got "
                     f"{type(algorithm)}.")
   base.check_positive_int(num_rounds, "num_rounds")
+  validation.check_key(key)
   if params is None and initial_state is not None:
     params = initial_state.params
   n = federated.check_data(data)
@@ -176,10 +254,9 @@ def train(algorithm: base.Algorithm, params: PyTree,
   if n_params != n:
     raise ValueError(f"`params` has {n_params} clients but `data` has {n}.")
   federated.check_batch_size(batch_size, data.train)
-  if eval_every is None:
-    eval_every = max(1, num_rounds // 20)
-  base.check_positive_int(eval_every, "eval_every")
-  eval_every = min(eval_every, num_rounds)
+  check_examples(data)
+  if eval_every is not None:
+    base.check_positive_int(eval_every, "eval_every")
   if eval_fn is not None and not callable(eval_fn):
     raise TypeError(f"`eval_fn` must be callable, got {type(eval_fn)}.")
   log = log or (lambda s: print(s, file=sys.stderr, flush=True))
@@ -192,6 +269,7 @@ def train(algorithm: base.Algorithm, params: PyTree,
   if initial_state is None:
     state = algorithm.init(params, byzantine=byzantine)
   else:
+    check_initial_state(algorithm, initial_state)
     state = initial_state
     if byzantine is not None:
       saved = sharding.to_host(state.byzantine)
@@ -202,6 +280,10 @@ def train(algorithm: base.Algorithm, params: PyTree,
             "part of the state, so a resumed run keeps it: leave `byzantine` "
             "out (or pass the state's mask), or start a new run.")
   start_round = int(sharding.to_host(getattr(state, "round", 0)))
+  if eval_every is None:
+    eval_every = default_eval_every(start_round, num_rounds)
+  eval_every = min(eval_every, num_rounds)
+  run_record = None
   if checkpoint_path is not None:
     checkpoint.check_writable(checkpoint_path)
     saved_rounds = checkpoint.rounds(checkpoint_path)
@@ -210,6 +292,12 @@ def train(algorithm: base.Algorithm, params: PyTree,
           f"`checkpoint_path` {checkpoint_path!r} already holds checkpoints "
           f"of rounds {saved_rounds}: resume that run with `initial_state="
           "prfl.checkpoint.restore(path, target)`, or use another directory.")
+    run_record = checkpoint.describe_run(algorithm, key=key,
+                                         batch_size=batch_size,
+                                         train=data.train)
+    checkpoint.check_same_run(
+        checkpoint.recorded_run(checkpoint_path, start_round), run_record,
+        f"{checkpoint_path}/{start_round}")
 
   def evaluate(state, test):
     if eval_fn is None:
@@ -217,20 +305,34 @@ def train(algorithm: base.Algorithm, params: PyTree,
     return personalized_eval(eval_fn, state.params, test, clusters,
                              state.byzantine, num_clusters)
 
-  def chunk(state, first_round, train_data, test, length):
+  def chunk(state, first_round, num, train_data, test, length):
+    # Rounds first_round .. first_round + num - 1 (num <= length, a runtime
+    # value); metrics `[length, ...]`, rows past num unused.
     def body(state, round_index):
       round_key = jax.random.fold_in(key, round_index)
       batch_key, step_key = jax.random.split(round_key)
       batch = federated.sample_batch(batch_key, train_data, batch_size)
       return algorithm.step(state, batch, step_key)
-    rounds = first_round + jnp.arange(length, dtype=jnp.int32)
-    state, metrics = lax.scan(body, state, rounds)
+
+    def one_round(carry):
+      round_index, state, metrics = carry
+      state, values = body(state, round_index)
+      metrics = jax.tree.map(lambda m, v: m.at[round_index - first_round].set(v),
+                             metrics, values)
+      return round_index + 1, state, metrics
+
+    shapes = jax.eval_shape(body, state, first_round)[1]
+    metrics = jax.tree.map(lambda s: jnp.zeros((length,) + s.shape, s.dtype),
+                           shapes)
+    _, state, metrics = lax.while_loop(
+        lambda carry: carry[0] < first_round + num, one_round,
+        (first_round, state, metrics))
     return state, metrics, evaluate(state, test)
 
   if donate:  # Own the state, so that donating it never deletes the caller's.
     state = jax.tree.map(
         lambda x: x.copy() if isinstance(x, jax.Array) else x, state)
-  run_chunk = jax.jit(chunk, static_argnums=4,
+  run_chunk = jax.jit(chunk, static_argnums=5,
                       donate_argnums=0 if donate else ())
   run_eval = jax.jit(evaluate)
 
@@ -244,14 +346,16 @@ def train(algorithm: base.Algorithm, params: PyTree,
   for _ in range(num_chunks):
     length = min(eval_every, num_rounds - done)
     state, metrics, ev = run_chunk(state, np.int32(start_round + done),
-                                   data.train, data.test, length)
+                                   np.int32(length), data.train, data.test,
+                                   eval_every)
     metrics, ev = sharding.to_host((metrics, ev))
+    metrics = {name: m[:length] for name, m in metrics.items()}
     done += length
     train_metrics.append(metrics)
     evals.append(ev)
     eval_rounds.append(start_round + done)
     if checkpoint_path is not None:
-      checkpoint.save(checkpoint_path, state)
+      checkpoint.save(checkpoint_path, state, run=run_record)
     now = time.perf_counter() - start
     elapsed.append(now)
     if verbose:
