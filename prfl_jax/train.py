@@ -28,10 +28,14 @@ import numpy as np
 
 from prfl_jax import checkpoint
 from prfl_jax import sharding
+from prfl_jax import train_checks as checks
 from prfl_jax import validation
 from prfl_jax.algorithms import base
 from prfl_jax.algorithms import cluster_models
+from prfl_jax import participation
 from prfl_jax.data import federated
+from prfl_jax.data import ragged
+from prfl_jax.participation import driver
 
 PyTree = Any
 EvalFn = Callable[[PyTree, PyTree], dict]
@@ -100,80 +104,6 @@ def check_eval_fn(eval_fn: EvalFn, params: PyTree, test: PyTree):
           f"client; entry {name!r} is {v}.")
 
 
-def _check_clusters(clusters: np.ndarray):
-  if not (np.issubdtype(clusters.dtype, np.integer) and
-          (clusters.size == 0 or clusters.min() >= 0)):
-    raise ValueError(
-        "`data.clusters` must hold non-negative integer cluster ids, got "
-        f"dtype {clusters.dtype} with values {np.unique(clusters)[:10]}.")
-
-
-def default_eval_every(start_round: int, num_rounds: int) -> int:
-  """`ceil((start_round + num_rounds) / 20)`: about 20 evaluations from round
-  0, the same chunk length for a run and its resumes."""
-  return max(1, math.ceil((start_round + num_rounds) / 20))
-
-
-def check_examples(data: federated.FederatedData):
-  """Raises ValueError if clients have no training examples or `data` holds
-  NaN or Inf (which would silently turn those clients' models NaN).
-
-  Args:
-    data: the federation; `data.train` leaves `[N, M, ...]`.
-  """
-  if federated.num_examples(data.train) == 0:
-    raise ValueError(
-        "`data.train` has 0 examples per client (leaves [N, 0, ...]); every "
-        "client needs at least one training example.")
-  for part in ("train", "test"):
-    paths, _ = jax.tree_util.tree_flatten_with_path(getattr(data, part))
-    for path, leaf in paths:
-      if not jnp.issubdtype(leaf.dtype, jnp.inexact) or np.ndim(leaf) < 1:
-        continue
-      finite = sharding.to_host(jnp.all(
-          jnp.isfinite(leaf).reshape(np.shape(leaf)[0], -1), axis=1))
-      if not finite.all():
-        bad = np.flatnonzero(~finite)
-        raise ValueError(
-            f"`data.{part}{jax.tree_util.keystr(path)}` holds NaN or Inf for "
-            f"clients {bad[:10].tolist()}{' ...' if bad.size > 10 else ''}; "
-            "they would turn those clients' models NaN: clean or drop them.")
-
-
-def check_initial_state(algorithm: base.Algorithm, state: Any):
-  """Raises TypeError/ValueError unless `state` is a state of `algorithm`:
-  the same state type, tree structure, leaf shapes and dtypes as
-  `algorithm.init` gives for `state.params` (traced, nothing is run).
-
-  Args:
-    algorithm: an `Algorithm(init, step)`.
-    state: a resumed state, e.g. from `prfl.checkpoint.restore`.
-  """
-  params = getattr(state, "params", None)
-  if params is None:
-    raise TypeError(
-        "`initial_state` must be a prfl_jax algorithm state (with `params`), "
-        f"got {type(state).__name__}.")
-  expected = jax.eval_shape(algorithm.init, params)
-  if type(expected) is not type(state):
-    raise TypeError(
-        f"`initial_state` is a {type(state).__name__}, but `algorithm` builds "
-        f"a {type(expected).__name__}: resume with the algorithm that wrote "
-        "the state.")
-  got_paths, got_def = jax.tree_util.tree_flatten_with_path(state)
-  want_paths, want_def = jax.tree_util.tree_flatten_with_path(expected)
-  if got_def != want_def:
-    raise ValueError(
-        f"`initial_state` has the structure {got_def}, but `algorithm` builds "
-        f"{want_def} (other settings, e.g. another optimizer?).")
-  for (path, got), (_, want) in zip(got_paths, want_paths):
-    shape, dtype = np.shape(got), jnp.result_type(got)
-    if shape != want.shape or dtype != want.dtype:
-      raise ValueError(
-          f"`initial_state{jax.tree_util.keystr(path)}` is {dtype}{list(shape)}"
-          f", but `algorithm` builds {want.dtype}{list(want.shape)}.")
-
-
 def _format(metrics: dict) -> str:
   parts = []
   for name, v in sorted(metrics.items()):
@@ -188,7 +118,8 @@ def train(algorithm: base.Algorithm, params: PyTree,
           eval_every: Optional[int] = None, byzantine=None,
           verbose: bool = True, log: Callable[[str], None] = None,
           initial_state: Any = None, checkpoint_path: Optional[str] = None,
-          donate: bool = True) -> TrainResult:
+          donate: bool = True, state_on_host=False,
+          eval_block: int = 1024) -> TrainResult:
   """Runs `num_rounds` rounds of `algorithm` on `data`.
 
   Args:
@@ -200,7 +131,9 @@ def train(algorithm: base.Algorithm, params: PyTree,
     key: PRNG key; the same key gives the same numbers. Round r's randomness
       is `fold_in(key, r)`, so a resumed run (same `key`) continues the
       random stream of the uninterrupted one.
-    batch_size: examples per client per round (None: all M).
+    batch_size: examples per client per round (None: all M). With
+      `data.num_examples`, batches are `prfl.data.Padded` (see
+      `prfl.data.sample_batch`).
     eval_fn: `eval_fn(params, test) -> {name: scalar}` for one client.
     eval_every: rounds per compiled chunk / between evaluations; does not
       change the results. Default: `ceil(R / 20)` where R counts the rounds
@@ -237,67 +170,71 @@ def train(algorithm: base.Algorithm, params: PyTree,
   Raises:
     ValueError/TypeError: on inconsistent arguments (also `eval_fn` not
       returning a dict of scalars, a `byzantine` mask that contradicts
-      `initial_state`'s, an `initial_state` that is not `algorithm`'s,
-      clients without training examples, NaN or Inf in `data`), before
-      compiling.
+      `initial_state`'s, an `initial_state` that is not `algorithm`'s or
+      not of `data`'s clients, clients without training examples, NaN or
+      Inf in the real rows of a `FederatedData`), before compiling. Streamed
+      `HostData` (possibly larger than memory) is checked for empty clients
+      but not read for NaN.
     OSError: if `checkpoint_path` is not writable, before the first round.
   """
-  if not isinstance(algorithm, base.Algorithm):
+  if not isinstance(algorithm, (base.Algorithm, participation.Cohort)):
     raise TypeError(f"`algorithm` must be a prfl_jax Algorithm, got "
                     f"{type(algorithm)}.")
   base.check_positive_int(num_rounds, "num_rounds")
   validation.check_key(key)
-  if params is None and initial_state is not None:
-    params = initial_state.params
-  n = federated.check_data(data)
-  n_params = base.init_params(params)
-  if n_params != n:
-    raise ValueError(f"`params` has {n_params} clients but `data` has {n}.")
-  federated.check_batch_size(batch_size, data.train)
-  check_examples(data)
   if eval_every is not None:
     base.check_positive_int(eval_every, "eval_every")
   if eval_fn is not None and not callable(eval_fn):
     raise TypeError(f"`eval_fn` must be callable, got {type(eval_fn)}.")
   log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+  on_host_data = isinstance(data, ragged.HostData)
+  if on_host_data:
+    n = ragged.check_host_data(data)
+  else:
+    n = federated.check_data(data)
+    checks.check_examples(data)
+  if initial_state is not None:
+    checks.check_resume(algorithm, initial_state, byzantine, n)
   clusters = sharding.to_host(data.clusters)
-  _check_clusters(clusters)
+  checks.check_clusters(clusters)
   num_clusters = int(clusters.max()) + 1 if clusters.size else 1
+  record = lambda: checkpoint.describe_run(
+      algorithm, key=key, batch_size=batch_size, train=data.train,
+      counts=data.train.counts if on_host_data else data.num_examples)
+  if (isinstance(algorithm, participation.Cohort) or on_host_data or
+      state_on_host):
+    if not isinstance(algorithm, participation.Cohort):
+      raise TypeError(
+          "host data and `state_on_host` need a cohort algorithm, "
+          "prfl.participation.cohort(algorithm, cohort_size=C).")
+    base.check_positive_int(eval_block, "eval_block")
+    runner = driver.setup(
+        algorithm, params, data, key=key, batch_size=batch_size,
+        eval_fn=eval_fn, byzantine=byzantine, initial_state=initial_state,
+        state_on_host=state_on_host, donate=donate, eval_block=eval_block,
+        clusters=clusters, num_clusters=num_clusters)
+    start_round = int(sharding.to_host(runner.result(runner.state).round))
+    return _loop(runner, num_rounds=num_rounds, start_round=start_round,
+                 eval_every=eval_every, checkpoint_path=checkpoint_path,
+                 run_record=record(), fresh=initial_state is None,
+                 verbose=verbose, log=log)
+  if params is None and initial_state is not None:
+    params = initial_state.params
+  n_params = base.init_params(params)
+  if n_params != n:
+    raise ValueError(f"`params` has {n_params} clients but `data` has {n}.")
+  federated.check_batch_size(batch_size, data.train)
   if eval_fn is not None:
     check_eval_fn(eval_fn, params, data.test)
 
   if initial_state is None:
     state = algorithm.init(params, byzantine=byzantine)
   else:
-    check_initial_state(algorithm, initial_state)
     state = initial_state
-    if byzantine is not None:
-      saved = sharding.to_host(state.byzantine)
-      if (np.shape(byzantine) != saved.shape or
-          not np.array_equal(np.asarray(byzantine, bool), saved)):
-        raise ValueError(
-            "`byzantine` differs from `initial_state.byzantine`; the mask is "
-            "part of the state, so a resumed run keeps it: leave `byzantine` "
-            "out (or pass the state's mask), or start a new run.")
-  start_round = int(sharding.to_host(getattr(state, "round", 0)))
+  start_round = int(sharding.to_host(state.round))
   if eval_every is None:
-    eval_every = default_eval_every(start_round, num_rounds)
+    eval_every = checks.default_eval_every(start_round, num_rounds)
   eval_every = min(eval_every, num_rounds)
-  run_record = None
-  if checkpoint_path is not None:
-    checkpoint.check_writable(checkpoint_path)
-    saved_rounds = checkpoint.rounds(checkpoint_path)
-    if initial_state is None and saved_rounds:
-      raise ValueError(
-          f"`checkpoint_path` {checkpoint_path!r} already holds checkpoints "
-          f"of rounds {saved_rounds}: resume that run with `initial_state="
-          "prfl.checkpoint.restore(path, target)`, or use another directory.")
-    run_record = checkpoint.describe_run(algorithm, key=key,
-                                         batch_size=batch_size,
-                                         train=data.train)
-    checkpoint.check_same_run(
-        checkpoint.recorded_run(checkpoint_path, start_round), run_record,
-        f"{checkpoint_path}/{start_round}")
 
   def evaluate(state, test):
     if eval_fn is None:
@@ -305,13 +242,14 @@ def train(algorithm: base.Algorithm, params: PyTree,
     return personalized_eval(eval_fn, state.params, test, clusters,
                              state.byzantine, num_clusters)
 
-  def chunk(state, first_round, num, train_data, test, length):
+  def chunk(state, first_round, num, train_data, num_examples, test, length):
     # Rounds first_round .. first_round + num - 1 (num <= length, a runtime
     # value); metrics `[length, ...]`, rows past num unused.
     def body(state, round_index):
       round_key = jax.random.fold_in(key, round_index)
       batch_key, step_key = jax.random.split(round_key)
-      batch = federated.sample_batch(batch_key, train_data, batch_size)
+      batch = federated.sample_batch(batch_key, train_data, batch_size,
+                                     num_examples)
       return algorithm.step(state, batch, step_key)
 
     def one_round(carry):
@@ -332,22 +270,54 @@ def train(algorithm: base.Algorithm, params: PyTree,
   if donate:  # Own the state, so that donating it never deletes the caller's.
     state = jax.tree.map(
         lambda x: x.copy() if isinstance(x, jax.Array) else x, state)
-  run_chunk = jax.jit(chunk, static_argnums=5,
+  run_chunk = jax.jit(chunk, static_argnums=6,
                       donate_argnums=0 if donate else ())
   run_eval = jax.jit(evaluate)
 
+  def run(state, first_round, length):
+    return run_chunk(state, np.int32(first_round), np.int32(length),
+                     data.train, data.num_examples, data.test, eval_every)
+
+  runner = driver.Runner(state, run, lambda s: run_eval(s, data.test),
+                         lambda s: s)
+  return _loop(runner, num_rounds=num_rounds, start_round=start_round,
+               eval_every=eval_every, checkpoint_path=checkpoint_path,
+               run_record=record(), fresh=initial_state is None,
+               verbose=verbose, log=log)
+
+
+def _loop(runner, *, num_rounds: int, start_round: int,
+          eval_every: Optional[int], checkpoint_path: Optional[str],
+          run_record: dict, fresh: bool, verbose: bool,
+          log: Callable[[str], None]) -> TrainResult:
+  """Runs the chunks, evaluates, checkpoints and logs; builds the history."""
+  if eval_every is None:
+    eval_every = checks.default_eval_every(start_round, num_rounds)
+  eval_every = min(eval_every, num_rounds)
+  if checkpoint_path is not None:
+    checkpoint.check_writable(checkpoint_path)
+    saved_rounds = checkpoint.rounds(checkpoint_path)
+    if fresh and saved_rounds:
+      raise ValueError(
+          f"`checkpoint_path` {checkpoint_path!r} already holds checkpoints "
+          f"of rounds {saved_rounds}: resume that run with `initial_state="
+          "prfl.checkpoint.restore(path, target)`, or use another directory.")
+    checkpoint.check_same_run(
+        checkpoint.recorded_run(checkpoint_path, start_round), run_record,
+        f"{checkpoint_path}/{start_round}")
+  state = runner.state
   num_chunks = math.ceil(num_rounds / eval_every)
   start = time.perf_counter()
-  evals = [sharding.to_host(run_eval(state, data.test))]
+  evals = [sharding.to_host(runner.evaluate(state))]
   elapsed = [0.0]
   eval_rounds = [start_round]
   train_metrics = []
   done = 0
   for _ in range(num_chunks):
     length = min(eval_every, num_rounds - done)
-    state, metrics, ev = run_chunk(state, np.int32(start_round + done),
-                                   np.int32(length), data.train, data.test,
-                                   eval_every)
+    out = runner.run_chunk(state, start_round + done, length)
+    state, metrics = out[:2]
+    ev = out[2] if len(out) > 2 else runner.evaluate(state)
     metrics, ev = sharding.to_host((metrics, ev))
     metrics = {name: m[:length] for name, m in metrics.items()}
     done += length
@@ -355,7 +325,7 @@ def train(algorithm: base.Algorithm, params: PyTree,
     evals.append(ev)
     eval_rounds.append(start_round + done)
     if checkpoint_path is not None:
-      checkpoint.save(checkpoint_path, state, run=run_record)
+      checkpoint.save(checkpoint_path, runner.result(state), run=run_record)
     now = time.perf_counter() - start
     elapsed.append(now)
     if verbose:
@@ -374,4 +344,4 @@ def train(algorithm: base.Algorithm, params: PyTree,
   history["elapsed_s"] = np.asarray(elapsed)
   for name in evals[0]:
     history[f"eval/{name}"] = np.stack([np.asarray(e[name]) for e in evals])
-  return TrainResult(state, history)
+  return TrainResult(runner.result(state), history)

@@ -11,7 +11,7 @@ import optax
 import pytest
 
 import prfl_jax as prfl
-from prfl_jax.train import default_eval_every
+from prfl_jax.train_checks import default_eval_every
 
 
 @pytest.fixture(name="data")
@@ -158,3 +158,79 @@ def test_zero_examples_per_client_is_refused(data):
   empty = data._replace(train=jax.tree.map(lambda x: x[:, :0], data.train))
   with pytest.raises(ValueError, match="0 examples per client"):
     prfl.train(_local(), jnp.zeros((6, 3)), empty, num_rounds=1, **_KW)
+
+
+def _cohort():
+  return prfl.participation.cohort(_local(), cohort_size=2)
+
+
+def test_cohort_runs_check_the_data_and_the_key(data):
+  """The cohort path applies the dense path's checks. Failed before the fix
+  (main's cohort path, 91bdebb): NaN in the data ran through."""
+  x = np.array(data.train["a"])
+  x[1, 0, 0] = np.nan
+  bad = data._replace(train=dict(data.train, a=jnp.asarray(x)))
+  with pytest.raises(ValueError, match=r"data\.train\['a'\]. .*clients \[1\]"):
+    prfl.train(_cohort(), jnp.zeros((6, 3)), bad, num_rounds=1, **_KW)
+  with pytest.raises(TypeError, match="`key` must be a PRNG key"):
+    prfl.train(_cohort(), jnp.zeros((6, 3)), data, num_rounds=1,
+               key=np.arange(2.0), verbose=False)
+
+
+def test_padding_rows_may_hold_nan(data):
+  """Rows past `num_examples` are never read, so NaN there is allowed; NaN in
+  a real row is refused. Failed before the fix (91bdebb: no check, the NaN
+  row trained); seen to fail when the check ignores the counts."""
+  x = np.array(data.train["a"])
+  x[:, 3] = np.nan
+  counts = jnp.full((6,), 3, jnp.int32)
+  padded = data._replace(train=dict(data.train, a=jnp.asarray(x)),
+                         num_examples=counts)
+  r = prfl.train(_local(), jnp.zeros((6, 3)), padded, num_rounds=2,
+                 batch_size=2, **_KW)
+  assert np.isfinite(r.state.params).all()
+  with pytest.raises(ValueError, match=r"clients \[0, 1, 2, 3, 4, 5\]"):
+    prfl.train(_local(), jnp.zeros((6, 3)), padded._replace(
+        num_examples=counts.at[:].set(4)), num_rounds=1, **_KW)
+
+
+def test_cohort_resume_is_checked(data):
+  """A cohort run's `initial_state` must be a CohortState of this algorithm,
+  of the data's clients, with the same Byzantine mask. Failed before the
+  fix (91bdebb): a plain LocalState crashed inside the driver with an
+  AttributeError ('LocalState' object has no attribute 'clients')."""
+  alg = _cohort()
+  state = alg.init(jnp.zeros((6, 3)), byzantine=np.arange(6) == 5)
+  with pytest.raises(TypeError, match="builds a CohortState"):
+    prfl.train(alg, None, data, num_rounds=1,
+               initial_state=_local().init(jnp.zeros((6, 3))), **_KW)
+  with pytest.raises(ValueError, match="has 4 clients but `data` has 6"):
+    prfl.train(alg, None, data, num_rounds=1,
+               initial_state=alg.init(jnp.zeros((4, 3))), **_KW)
+  adam = prfl.participation.cohort(
+      prfl.algorithms.local(prfl.data.regression_loss, optax.adam(1e-2)),
+      cohort_size=2)
+  with pytest.raises(ValueError, match="another optimizer"):
+    prfl.train(adam, None, data, num_rounds=1, initial_state=state, **_KW)
+  with pytest.raises(ValueError, match="`byzantine` differs"):
+    prfl.train(alg, None, data, num_rounds=1, initial_state=state,
+               byzantine=np.arange(6) == 0, **_KW)
+
+
+def test_cohort_checkpoint_records_the_run(data, tmp_path):
+  """A cohort run's checkpoints record its key and batch size, and its
+  resume keeps the default chunk length. Failed before the fix: the cohort
+  path saved no run record, so a resume with another key went on."""
+  alg = _cohort()
+  path = str(tmp_path / "ckpt")
+  first = prfl.train(alg, jnp.zeros((6, 3)), data, num_rounds=24,
+                     batch_size=2, checkpoint_path=path, **_KW)
+  state = prfl.checkpoint.restore(path, first.state)
+  with pytest.raises(ValueError, match="key"):
+    prfl.train(alg, None, data, num_rounds=6, batch_size=2,
+               initial_state=state, checkpoint_path=path,
+               key=jax.random.key(1), verbose=False)
+  resumed = prfl.train(alg, None, data, num_rounds=6, batch_size=2,
+                       initial_state=state, checkpoint_path=path, **_KW)
+  np.testing.assert_array_equal(resumed.history["eval_round"],
+                                [24, 26, 28, 30])

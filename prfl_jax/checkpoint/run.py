@@ -95,19 +95,23 @@ def describe_value(value: Any, depth: int = 0, seen: frozenset = frozenset()):
 
 
 def describe_run(algorithm, *, key, batch_size: Optional[int],
-                 train: Any) -> dict:
+                 train: Any, counts=None) -> dict:
   """What a resume of this run must repeat, as JSON.
 
   Args:
-    algorithm: the `Algorithm(init, step)`.
+    algorithm: the `Algorithm(init, step)` or cohort algorithm.
     key: the run's PRNG key.
     batch_size: examples per client per round (None: all).
-    train: the training data, leaves `[N, M, ...]` (shapes and dtypes only).
+    train: the training data, leaves `[N, M, ...]` or a `prfl.data.Ragged`
+      (shapes and dtypes only).
+    counts: `[N]` real examples per client (`FederatedData.num_examples`,
+      `Ragged.counts`), or None when every row is real; recorded by SHA-256,
+      since they decide which rows a client's batches draw.
 
   Returns:
-    `{"algorithm", "key", "batch_size", "train"}`.
+    `{"algorithm", "key", "batch_size", "train"}`, and `"counts"` when given.
   """
-  return {
+  out = {
       "algorithm": {"init": describe_value(algorithm.init),
                     "step": describe_value(algorithm.step)},
       "key": np.asarray(sharding.to_host(
@@ -117,6 +121,9 @@ def describe_run(algorithm, *, key, batch_size: Optional[int],
       "train": {jax.tree_util.keystr(path): _array_shape(x) for path, x in
                 jax.tree_util.tree_flatten_with_path(train)[0]},
   }
+  if counts is not None:
+    out["counts"] = describe_value(np.asarray(sharding.to_host(counts)))
+  return out
 
 
 def _array_shape(x) -> str:
