@@ -47,6 +47,17 @@ COMMITTED = {
     "byzantine/digits_grid": ("byzantine", "digits_grid", []),
     "byzantine/digits_figure6": ("byzantine", "digits_figure6", []),
     "byzantine/digits_figure6_q010": ("byzantine", "digits_figure6_q010", []),
+    "byzantine/digits_fc_defences/fc_ball_cap": (
+        "byzantine", "fc_defences",
+        ["--algorithms", "fc_ball_cap", "--attacks",
+         "alie_jitter,ipm_jitter,spread_edge,min_max"]),
+    "byzantine/digits_fc_defences/fc_ball_cap_min_max": (
+        "byzantine", "fc_defences",
+        ["--algorithms", "fc_ball_cap", "--attacks", "min_max"]),
+    "byzantine/digits_fc_defences/fc_dedup": (
+        "byzantine", "fc_defences",
+        ["--algorithms", "fc_dedup", "--attacks",
+         "alie_jitter,ipm_jitter,spread_edge"]),
     "cifar10": ("cifar10", "fashion_mlp", []),
     "cifar100": ("cifar100", "fashion_mlp", []),
     "cifar100_cnn": ("cifar100", "fashion_cnn", []),
