@@ -8,6 +8,7 @@ import pytest
 
 import prfl_jax as prfl
 from prfl_jax import kernels
+from prfl_jax.kernels import ghost
 from prfl_jax.kernels import plan as plan_lib
 from prfl_jax.kernels import trace
 from tests import tolerances
@@ -68,10 +69,11 @@ def test_resolve_plan_on_this_backend_and_memory_estimate():
   """Chunk 1 on CPU; on an accelerator this small problem fits: full vmap."""
   params, batch = _problem()
   assert kernels.resolve_plan(kernels.ExecutionPlan(), _loss, params,
-                              batch) == kernels.ExecutionPlan(
+                              batch).plan == kernels.ExecutionPlan(
                                   tolerances.default_chunk(), "ghost")
   concrete = kernels.ExecutionPlan(None, "direct")
-  assert kernels.resolve_plan(concrete, _loss, params, batch) == concrete
+  resolved = kernels.resolve_plan(concrete, _loss, params, batch)
+  assert resolved.plan == concrete and resolved.analysis is None
   one = lambda t: jax.tree.map(lambda a: a[0], t)
   analysis = trace.analyse(_loss, one(params), one(batch))
   small = kernels.estimate_model_bytes(analysis, "gram", 4)
@@ -118,3 +120,46 @@ def test_federated_clustering_resolves_the_plan_per_round(monkeypatch):
   jax.tree.map(lambda a, r: np.testing.assert_allclose(
       a, r, **tolerances.model(1e-5, 1e-6, scale=np.abs(r).max())),
                states[1], states[None])
+
+
+def test_a_round_traces_the_loss_once(monkeypatch):
+  """FC's round resolves its plan once (for the group size) and hands the
+  `ResolvedPlan`, with the loss's analysis, down to the ghost kernel's
+  `prepare`: one `trace.analyse` per traced step. A `ResolvedPlan` given to
+  `cluster_at_models` is used as it is.
+
+  Seen to fail when `cluster_at_models` resolved the plan again (2
+  analyses per step).
+  """
+  calls = []
+  analyse = trace.analyse
+  monkeypatch.setattr(trace, "analyse",
+                      lambda *args: calls.append(1) or analyse(*args))
+  params, batch = _problem(3)
+  alg = prfl.algorithms.federated_clustering(
+      _loss, optax.sgd(0.1), radius=prfl.quantile_radius(0.5), num_iters=2,
+      num_groups=2)
+  jax.jit(alg.step).lower(alg.init(params), batch, jax.random.PRNGKey(0))
+  assert len(calls) == 1
+  resolved = kernels.resolve_plan(kernels.ExecutionPlan(), _loss, params,
+                                  batch)
+  assert resolved.analysis is not None and len(calls) == 2
+  assert kernels.resolve_plan(resolved, None, None, None) is resolved
+  jax.jit(lambda p, b: kernels.cluster_at_models(
+      _loss, p, b, radius=1.0, num_iters=2, plan=resolved)).lower(
+          params, batch)
+  assert len(calls) == 2
+
+
+def test_check_plan_refuses_attacks_on_the_ghost_kernel_and_bad_kernels():
+  """One check serves the factory and the resolver: a kernel that never
+  builds the messages is refused with an attack, by name or as a `Kernel`.
+  """
+  kernels.check_plan(kernels.ExecutionPlan(1, "ghost"))
+  kernels.check_plan(kernels.ExecutionPlan(1, ghost.kernel(split=False)))
+  kernels.check_plan(kernels.ExecutionPlan(1, "gram"), messages=True)
+  for kernel in ("ghost", ghost.kernel(always=True)):
+    with pytest.raises(ValueError, match="needs the materialised messages"):
+      kernels.check_plan(kernels.ExecutionPlan(1, kernel), messages=True)
+  with pytest.raises(ValueError, match="plan.kernel"):
+    kernels.check_plan(kernels.ExecutionPlan(1, len))

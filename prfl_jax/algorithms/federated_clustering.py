@@ -71,7 +71,7 @@ def random_groups(key: jax.Array, num_clients: int, num_groups: int) -> _Groups:
 
 def _group_directions(loss_fn, gparams: PyTree, gbatch: PyTree,
                       gbyz: jax.Array, weight: jax.Array, key: jax.Array, *,
-                      radius, num_iters: int, plan: kernels.ExecutionPlan,
+                      radius, num_iters: int, plan: kernels.ResolvedPlan,
                       attack=None) -> kernels.PairsOutput:
   """Threshold-Clustering estimate for the S clients of one group.
 
@@ -83,7 +83,7 @@ def _group_directions(loss_fn, gparams: PyTree, gbatch: PyTree,
     weight: `[S]` 1.0 for real clients, 0.0 for padding.
     key: PRNG key of the attack noise.
     radius, num_iters, attack: as in `federated_clustering`.
-    plan: a resolved `ExecutionPlan` (see `kernels.resolve_plan`).
+    plan: the round's `kernels.ResolvedPlan` (not resolved again).
 
   Returns:
     `kernels.PairsOutput` with leading axis S (slot order).
@@ -251,13 +251,7 @@ def federated_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
   base.check_positive_int(num_iters, "num_iters")
   base.check_positive_int(num_groups, "num_groups")
   base.check_positive_int(local_steps, "local_steps", minimum=0)
-  kernels.check_plan(plan)
-  if (attack is not None and plan.kernel in kernels.KERNELS and
-      not kernels.KERNELS[plan.kernel].accepts_messages):
-    raise ValueError(
-        f"`attack` needs the materialised messages, which "
-        f"ExecutionPlan(kernel={plan.kernel!r}) never builds; use "
-        "kernel='gram'.")
+  kernels.check_plan(plan, messages=attack is not None)
   if not callable(radius):
     clustering.check_radius(radius, 1)
 

@@ -14,15 +14,19 @@ summation order):
   `jax.devices()[0].memory_stats()`, or `DEFAULT_BUDGET_BYTES` where the
   backend does not report it), else the largest power-of-two chunk that fits
   (at least 1).
-* `kernel`: `"gram"`, `"direct"`, `"ghost"` (see `prfl_jax.kernels`), or
-  `"auto"`: the ghost kernel when the loss has a recognised layer and no
-  attack replaces the messages, else the Gram kernel.
+* `kernel`: `"gram"`, `"direct"`, `"ghost"` (see `prfl_jax.kernels`), a
+  `kernels.Kernel` (e.g. `ghost.kernel(split=True)`, a variant of a
+  registered kernel), or `"auto"`: the ghost kernel when the loss has a
+  recognised layer and no attack replaces the messages, else the Gram
+  kernel.
 """
 
 import numbers
 from typing import NamedTuple, Optional, Union
 
 import jax
+
+from prfl_jax.kernels import base
 
 AUTO = "auto"
 # Share of the device's memory the round's per-model work may take; the rest
@@ -35,15 +39,17 @@ DEFAULT_BUDGET_BYTES = 4 * 2**30
 class ExecutionPlan(NamedTuple):
   """How a round's all-pairs gradients are computed (same results)."""
   chunk_size: Union[int, None, str] = AUTO
-  kernel: str = AUTO
+  kernel: Union[str, base.Kernel] = AUTO
 
 
-def check_plan(plan: ExecutionPlan, kernels):
+def check_plan(plan: ExecutionPlan, kernels, *, messages: bool = False):
   """Raises TypeError / ValueError unless `plan` is a valid `ExecutionPlan`.
 
   Args:
     plan: the plan.
-    kernels: names of the registered kernels.
+    kernels: the registered kernels, `{name: Kernel}`.
+    messages: whether an attack replaces the messages: then a kernel that
+      never builds them (`accepts_messages` False) is refused.
   """
   if not isinstance(plan, ExecutionPlan):
     raise TypeError(
@@ -55,9 +61,21 @@ def check_plan(plan: ExecutionPlan, kernels):
         f"`plan.chunk_size` must be 'auto', None or an integer >= 1, got "
         f"{c!r}.")
   names = (AUTO,) + tuple(kernels)
-  if plan.kernel not in names:
+  if not isinstance(plan.kernel, base.Kernel) and plan.kernel not in names:
     raise ValueError(
-        f"`plan.kernel` must be one of {names}, got {plan.kernel!r}.")
+        f"`plan.kernel` must be one of {names} or a kernels.Kernel, got "
+        f"{plan.kernel!r}.")
+  if messages and plan.kernel != AUTO and not lookup(
+      plan.kernel, kernels).accepts_messages:
+    raise ValueError(
+        f"an attack (`attack` / `message_fn`) needs the materialised "
+        f"messages, which ExecutionPlan(kernel={plan.kernel!r}) never builds; "
+        "use kernel='gram'.")
+
+
+def lookup(kernel, kernels) -> base.Kernel:
+  """The `Kernel` a plan's `kernel` field names (or is)."""
+  return kernel if isinstance(kernel, base.Kernel) else kernels[kernel]
 
 
 def memory_budget(device=None) -> int:
