@@ -48,7 +48,7 @@ import optax
 import prfl_jax as prfl
 from prfl_jax import kernels
 from benchmarks import common
-from experiments import common as experiments_common
+from experiments import files as experiments_files
 
 
 @dataclasses.dataclass(frozen=True)
@@ -434,7 +434,7 @@ def main(argv=None) -> int:
   rows = []
 
   def save(complete):
-    experiments_common.write_json(args.out, dict(
+    experiments_files.write_json(args.out, dict(
         args=vars(args), machine=info, complete=complete,
         specs={m: dataclasses.asdict(SPECS[m].scaled(args.width_divisor))
                for m in args.models}, rows=rows))

@@ -7,84 +7,69 @@ Federated-Clustering (FC) and Global (FedAvg): Global plateaus low, FC keeps
 improving.
 
   python -m experiments.cifar100 --data-dir ~/data/cifar100   # the paper's setup
-  python -m experiments.cifar100 --dataset fashion_mnist --num-clusters 5 \\
-      --model cnn --width-divisor 4 --rounds 100              # CPU stand-in
+  python -m experiments.cifar100 --config experiments/configs/cifar100/fashion_mlp.toml
   python -m experiments.cifar100 --smoke                      # seconds
 
-Writes `config.json` (first), `results.json`, `summary.csv`, `results.md` and
-`figure5.png` to `--out`.
+Writes `config.json` (first), `results.json`, `summary.csv`, `results.md`,
+`figure5.png` and `tensorboard/` to `--out` (default `results/cifar100`).
 """
 
-import sys
-import time
+import dataclasses
 
-
-import prfl_jax as prfl
-from experiments import cifar_common as cc
+from experiments import cifar
 from experiments import cli
+from experiments import groups
+from experiments import registry
+from experiments.options import group
 
 ALGORITHMS = ("fc", "global")
-LABELS = {"fc": "FC (ours)", "global": "Global (FedAvg)"}
 # Figure 5 shows curves only; the text says what they show.
 PAPER = {"fc": "keeps improving", "global": "plateaus at a very low level"}
 
 
-def build_parser():
-  p = cli.parser(__doc__, out="results/cifar100", smoke={
-      "dataset": "synthetic", "model": "cnn", "width_divisor": "8",
-      "image_size": "8", "rounds": "2", "eval_every": "1",
-      "num_clusters": "2", "clients_per_cluster": "2",
-      "train_per_client": "8", "test_per_client": "4", "batch_size": "4"})
-  cc.add_options(p, dataset="cifar100", model="vgg8", num_clusters=10,
-                 clients_per_cluster=10, rounds=1000, eval_every=50)
-  p.add_argument("--algorithms", type=cli.choices(ALGORITHMS),
-                 default=",".join(ALGORITHMS))
-  p.set_defaults(synthetic_classes=100)
-  return p
+@dataclasses.dataclass(frozen=True)
+class Config(cifar.Config):
+  """Every option of Figure 5 (defaults: the paper's §5.3.2): 10 x 10
+  clients, VGG-8."""
+  data: groups.Data = group(groups.Data, dataset="cifar100")
+  network: cifar.Network = group(cifar.Network, model="vgg8")
+  federation: groups.Federation = group(groups.Federation, clusters=10,
+                                        clients_per_cluster=10)
+  algorithms: registry.Algorithms = group(registry.Algorithms,
+                                          algorithms=ALGORITHMS)
 
 
-def run(args) -> dict:
-  fed = cc.load_federation(args, task="label_blocks")
-  s = cc.setup(args, fed)
-  opt = s.opt(args.lr)
-  build = {
-      "fc": lambda: prfl.algorithms.federated_clustering(
-          s.loss_fn, opt, radius=prfl.quantile_radius(args.quantile),
-          num_iters=args.num_iters),
-      "global": lambda: prfl.algorithms.fedavg(s.loss_fn, opt),
-  }
-  cc.log_line(f"CIFAR-100 label blocks: {fed.description}")
-  if args.dataset == "synthetic":
-    cc.log_line(f"*** {cc.SYNTHETIC_NOTE} ***")
-  cc.log_line(f"Model {args.model} (width / {args.width_divisor}, "
-              f"{cc.num_params(s.params) // fed.data.clusters.shape[0]} "
-              f"params), {args.rounds} rounds, batch {args.batch_size}, lr "
-              f"{args.lr}, momentum {args.momentum}")
-  runs, start = {}, time.perf_counter()
-  for i, name in enumerate(args.algorithms, 1):
-    r = cc.run_one(s, build[name](), args, index=i,
-                   total=len(args.algorithms), label=LABELS[name],
-                   log=cc.log_line)
-    runs[name] = {**r, "name": name}
-    cc.progress(i, len(args.algorithms), LABELS[name], r, start)
-  return {"fed": fed, "runs": runs}
+def resolve(cfg: Config) -> Config:
+  return cifar.resolve(cfg, experiment="cifar100", task="label_blocks",
+                       allowed=ALGORITHMS)
 
 
-def main(argv=None):
-  args = cc.parse(build_parser(), argv,
-                  check=lambda a: cc.validate(a, task="label_blocks"))
-  result = run(args)
-  fed, runs = result["fed"], result["runs"]
-  header = ["run"] + cc.RESULT_COLUMNS + ["paper (Fig. 5)"]
-  rows = [[r["label"]] + cc.result_cells(r) + [PAPER[name]]
-          for name, r in runs.items()]
-  cc.finish(args, fed, runs, header, rows, title=(
-      "Figure 5 (CIFAR-100, label blocks): personalized test accuracy "
-      f"after {args.rounds} rounds"), figure="figure5.png",
-            panels=[("FC vs Global (label blocks)", list(runs.values()),
-                     LABELS["fc"])])
+def prepare(cfg: Config) -> cifar.Prepared:
+  return cifar.prepare(cfg, experiment="cifar100", task="label_blocks")
+
+
+def run(cfg: Config, prepared: cifar.Prepared, tracker, command: str = ""):
+  del command  # Recorded in config.json.
+  tracker.log("CIFAR-100 label blocks:")
+  jobs = [(a, a, registry.label(a), registry.settings(cfg, a))
+          for a in cfg.algorithms.algorithms]
+  runs = cifar.run_jobs(cfg, prepared, jobs, tracker)
+  header = ["run"] + cifar.RESULT_COLUMNS + ["paper (Fig. 5)"]
+  rows = [[r["label"]] + cifar.result_cells(r) + [PAPER[key]]
+          for key, r in runs.items()]
+  cifar.finish(cfg, prepared, runs, header, rows, tracker, title=(
+      "Figure 5 (CIFAR-100, label blocks): personalized test accuracy after "
+      f"{cfg.schedule.rounds} rounds"), figure="figure5.png",
+               panels=[("FC vs Global (label blocks)", list(runs.values()),
+                        registry.label("fc"))])
   return runs
 
 
+EXPERIMENT = cli.Experiment("cifar100", __doc__, Config, resolve, prepare,
+                            run)
+
+main = EXPERIMENT.main
+
+
 if __name__ == "__main__":
-  main(sys.argv[1:])
+  main()

@@ -15,6 +15,7 @@ from prfl_jax import data
 from prfl_jax import diagnostics
 from prfl_jax import kernels
 from prfl_jax import models
+from prfl_jax import participation
 from prfl_jax import sharding
 from prfl_jax import sweep
 from prfl_jax import tree

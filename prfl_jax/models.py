@@ -20,6 +20,7 @@ import optax
 
 from prfl_jax import tree as tree_lib
 from prfl_jax import validation
+from prfl_jax.data import padded
 
 
 def layer_names(num_layers: int) -> tuple:
@@ -75,10 +76,20 @@ def mlp_apply(params: dict, x: jax.Array) -> jax.Array:
 
 
 def softmax_cross_entropy(params: dict, batch) -> jax.Array:
-  """Mean softmax cross-entropy of an MLP on one client's `(x [B, ...], y [B])`."""
-  x, y = batch
+  """Mean softmax cross-entropy of an MLP on one client's batch.
+
+  Args:
+    params: from `mlp_init`.
+    batch: `(x [B, ...], y [B] int)`, or a `prfl.data.Padded` of it, whose
+      padding rows do not count (nor do rows with a label < 0).
+  """
+  (x, y), mask = padded.unpad(batch)
   logp = jax.nn.log_softmax(mlp_apply(params, x))
-  return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
+  valid = y >= 0 if mask is None else (y >= 0) & mask
+  picked = jnp.take_along_axis(logp, jnp.where(valid, y, 0)[:, None],
+                               axis=1)[:, 0]
+  return -jnp.sum(jnp.where(valid, picked, 0.0)) / jnp.maximum(
+      jnp.sum(valid), 1)
 
 
 def mlp_classifier_loss(num_layers: int):
@@ -289,9 +300,16 @@ def vgg8(num_classes: int = 100) -> VGG:
   return VGG(config="vgg8", num_classes=num_classes)
 
 
-def _masked_cross_entropy(logits: jax.Array, y: jax.Array):
-  """Per-example softmax cross-entropy, zero where `y < 0`, and the mask."""
+def _masked_cross_entropy(logits: jax.Array, y: jax.Array, mask=None):
+  """Per-example softmax cross-entropy, 0 on rows that do not count.
+
+  A row counts when `mask` (a `Padded` batch's) says it is real and its label
+  is a class (>= 0; a negative id is no class, e.g. the label -1 that
+  `federate` writes into test padding). Returns `(ce [B], counts [B] bool)`.
+  """
   valid = y >= 0
+  if mask is not None:
+    valid = valid & mask
   ce = optax.softmax_cross_entropy_with_integer_labels(
       logits.astype(jnp.float32), jnp.where(valid, y, 0))
   return jnp.where(valid, ce, 0.0), valid
@@ -305,13 +323,14 @@ def classifier_loss(apply_fn: Callable) -> Callable:
       `model.apply` (then `params` is the variables dict `{"params": ...}`).
 
   Returns:
-    `loss_fn(params, (x [B, ...], y [B] int)) -> scalar`: the mean over the
-    examples with `y >= 0` (labels < 0 mark padding); 0, with zero gradient,
-    when no example is valid. Labels must be < C (not checked under jit).
+    `loss_fn(params, batch) -> scalar` for `batch = (x [B, ...], y [B] int)`
+    or a `prfl.data.Padded` of it: the mean over the real rows (the mask's)
+    with a class label (`y >= 0`); 0, with zero gradient, when there is none.
+    Labels must be < C (not checked under jit).
   """
   def loss_fn(params, batch):
-    x, y = batch
-    ce, valid = _masked_cross_entropy(apply_fn(params, x), y)
+    (x, y), mask = padded.unpad(batch)
+    ce, valid = _masked_cross_entropy(apply_fn(params, x), y, mask)
     return jnp.sum(ce) / jnp.maximum(jnp.sum(valid), 1)
   return loss_fn
 
@@ -323,14 +342,15 @@ def classifier_eval(apply_fn: Callable) -> Callable:
     apply_fn: as in `classifier_loss`.
 
   Returns:
-    `eval_fn(params, (x [T, ...], y [T] int)) -> {"accuracy": scalar,
-    "loss": scalar}` over the examples with `y >= 0` (both 0 when there is
-    none). Accuracy counts `argmax(logits) == y` (ties: the lowest class).
+    `eval_fn(params, batch) -> {"accuracy": scalar, "loss": scalar}` for
+    `batch = (x [T, ...], y [T] int)` or a `prfl.data.Padded` of it, over the
+    real rows with `y >= 0` (both 0 when there is none). Accuracy counts
+    `argmax(logits) == y` (ties: the lowest class).
   """
   def eval_fn(params, batch):
-    x, y = batch
+    (x, y), mask = padded.unpad(batch)
     logits = apply_fn(params, x)
-    ce, valid = _masked_cross_entropy(logits, y)
+    ce, valid = _masked_cross_entropy(logits, y, mask)
     count = jnp.maximum(jnp.sum(valid), 1)
     correct = valid & (jnp.argmax(logits, axis=-1) == y)
     return {"accuracy": jnp.sum(correct) / count, "loss": jnp.sum(ce) / count}

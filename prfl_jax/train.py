@@ -28,7 +28,10 @@ from prfl_jax import checkpoint
 from prfl_jax import sharding
 from prfl_jax.algorithms import base
 from prfl_jax.algorithms import cluster_models
+from prfl_jax import participation
 from prfl_jax.data import federated
+from prfl_jax.data import ragged
+from prfl_jax.participation import driver
 
 PyTree = Any
 EvalFn = Callable[[PyTree, PyTree], dict]
@@ -119,7 +122,8 @@ def train(algorithm: base.Algorithm, params: PyTree,
           eval_every: Optional[int] = None, byzantine=None,
           verbose: bool = True, log: Callable[[str], None] = None,
           initial_state: Any = None, checkpoint_path: Optional[str] = None,
-          donate: bool = True) -> TrainResult:
+          donate: bool = True, state_on_host=False,
+          eval_block: int = 1024) -> TrainResult:
   """Runs `num_rounds` rounds of `algorithm` on `data`.
 
   Args:
@@ -131,7 +135,9 @@ def train(algorithm: base.Algorithm, params: PyTree,
     key: PRNG key; the same key gives the same numbers. Round r's randomness
       is `fold_in(key, r)`, so a resumed run (same `key`) continues the
       random stream of the uninterrupted one.
-    batch_size: examples per client per round (None: all M).
+    batch_size: examples per client per round (None: all M). With
+      `data.num_examples`, batches are `prfl.data.Padded` (see
+      `prfl.data.sample_batch`).
     eval_fn: `eval_fn(params, test) -> {name: scalar}` for one client.
     eval_every: rounds per compiled chunk / between evaluations (default: about
       20 evaluations per run); does not change the results.
@@ -165,17 +171,10 @@ def train(algorithm: base.Algorithm, params: PyTree,
       `initial_state`'s), before compiling.
     OSError: if `checkpoint_path` is not writable, before the first round.
   """
-  if not isinstance(algorithm, base.Algorithm):
+  if not isinstance(algorithm, (base.Algorithm, participation.Cohort)):
     raise TypeError(f"`algorithm` must be a prfl_jax Algorithm, got "
                     f"{type(algorithm)}.")
   base.check_positive_int(num_rounds, "num_rounds")
-  if params is None and initial_state is not None:
-    params = initial_state.params
-  n = federated.check_data(data)
-  n_params = base.init_params(params)
-  if n_params != n:
-    raise ValueError(f"`params` has {n_params} clients but `data` has {n}.")
-  federated.check_batch_size(batch_size, data.train)
   if eval_every is None:
     eval_every = max(1, num_rounds // 20)
   base.check_positive_int(eval_every, "eval_every")
@@ -183,6 +182,31 @@ def train(algorithm: base.Algorithm, params: PyTree,
   if eval_fn is not None and not callable(eval_fn):
     raise TypeError(f"`eval_fn` must be callable, got {type(eval_fn)}.")
   log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+  if (isinstance(algorithm, participation.Cohort) or
+      isinstance(data, ragged.HostData) or state_on_host):
+    if not isinstance(algorithm, participation.Cohort):
+      raise TypeError(
+          "host data and `state_on_host` need a cohort algorithm, "
+          "prfl.participation.cohort(algorithm, cohort_size=C).")
+    base.check_positive_int(eval_block, "eval_block")
+    clusters = np.asarray(data.clusters)
+    _check_clusters(clusters)
+    runner = driver.setup(
+        algorithm, params, data, key=key, batch_size=batch_size,
+        eval_fn=eval_fn, byzantine=byzantine, initial_state=initial_state,
+        state_on_host=state_on_host, donate=donate, eval_block=eval_block,
+        clusters=clusters,
+        num_clusters=int(clusters.max()) + 1 if clusters.size else 1)
+    return _loop(runner, num_rounds=num_rounds, eval_every=eval_every,
+                 checkpoint_path=checkpoint_path,
+                 fresh=initial_state is None, verbose=verbose, log=log)
+  if params is None and initial_state is not None:
+    params = initial_state.params
+  n = federated.check_data(data)
+  n_params = base.init_params(params)
+  if n_params != n:
+    raise ValueError(f"`params` has {n_params} clients but `data` has {n}.")
+  federated.check_batch_size(batch_size, data.train)
   clusters = sharding.to_host(data.clusters)
   _check_clusters(clusters)
   num_clusters = int(clusters.max()) + 1 if clusters.size else 1
@@ -201,15 +225,6 @@ def train(algorithm: base.Algorithm, params: PyTree,
             "`byzantine` differs from `initial_state.byzantine`; the mask is "
             "part of the state, so a resumed run keeps it: leave `byzantine` "
             "out (or pass the state's mask), or start a new run.")
-  start_round = int(sharding.to_host(getattr(state, "round", 0)))
-  if checkpoint_path is not None:
-    checkpoint.check_writable(checkpoint_path)
-    saved_rounds = checkpoint.rounds(checkpoint_path)
-    if initial_state is None and saved_rounds:
-      raise ValueError(
-          f"`checkpoint_path` {checkpoint_path!r} already holds checkpoints "
-          f"of rounds {saved_rounds}: resume that run with `initial_state="
-          "prfl.checkpoint.restore(path, target)`, or use another directory.")
 
   def evaluate(state, test):
     if eval_fn is None:
@@ -217,11 +232,12 @@ def train(algorithm: base.Algorithm, params: PyTree,
     return personalized_eval(eval_fn, state.params, test, clusters,
                              state.byzantine, num_clusters)
 
-  def chunk(state, first_round, train_data, test, length):
+  def chunk(state, first_round, train_data, num_examples, test, length):
     def body(state, round_index):
       round_key = jax.random.fold_in(key, round_index)
       batch_key, step_key = jax.random.split(round_key)
-      batch = federated.sample_batch(batch_key, train_data, batch_size)
+      batch = federated.sample_batch(batch_key, train_data, batch_size,
+                                     num_examples)
       return algorithm.step(state, batch, step_key)
     rounds = first_round + jnp.arange(length, dtype=jnp.int32)
     state, metrics = lax.scan(body, state, rounds)
@@ -230,28 +246,55 @@ def train(algorithm: base.Algorithm, params: PyTree,
   if donate:  # Own the state, so that donating it never deletes the caller's.
     state = jax.tree.map(
         lambda x: x.copy() if isinstance(x, jax.Array) else x, state)
-  run_chunk = jax.jit(chunk, static_argnums=4,
+  run_chunk = jax.jit(chunk, static_argnums=5,
                       donate_argnums=0 if donate else ())
   run_eval = jax.jit(evaluate)
 
+  def run(state, first_round, length):
+    state, metrics, ev = run_chunk(state, np.int32(first_round), data.train,
+                                   data.num_examples, data.test, length)
+    return state, metrics, ev
+
+  runner = driver.Runner(state, run, lambda s: run_eval(s, data.test),
+                         lambda s: s)
+  return _loop(runner, num_rounds=num_rounds, eval_every=eval_every,
+               checkpoint_path=checkpoint_path,
+               fresh=initial_state is None, verbose=verbose, log=log)
+
+
+def _loop(runner, *, num_rounds: int, eval_every: int,
+          checkpoint_path: Optional[str], fresh: bool, verbose: bool,
+          log: Callable[[str], None]) -> TrainResult:
+  """Runs the chunks, evaluates, checkpoints and logs; builds the history."""
+  state = runner.state
+  start_round = int(sharding.to_host(runner.result(state).round))
+  if checkpoint_path is not None:
+    checkpoint.check_writable(checkpoint_path)
+    saved_rounds = checkpoint.rounds(checkpoint_path)
+    if fresh and saved_rounds:
+      raise ValueError(
+          f"`checkpoint_path` {checkpoint_path!r} already holds checkpoints "
+          f"of rounds {saved_rounds}: resume that run with `initial_state="
+          "prfl.checkpoint.restore(path, target)`, or use another directory.")
   num_chunks = math.ceil(num_rounds / eval_every)
   start = time.perf_counter()
-  evals = [sharding.to_host(run_eval(state, data.test))]
+  evals = [sharding.to_host(runner.evaluate(state))]
   elapsed = [0.0]
   eval_rounds = [start_round]
   train_metrics = []
   done = 0
   for _ in range(num_chunks):
     length = min(eval_every, num_rounds - done)
-    state, metrics, ev = run_chunk(state, np.int32(start_round + done),
-                                   data.train, data.test, length)
+    out = runner.run_chunk(state, start_round + done, length)
+    state, metrics = out[:2]
+    ev = out[2] if len(out) > 2 else runner.evaluate(state)
     metrics, ev = sharding.to_host((metrics, ev))
     done += length
     train_metrics.append(metrics)
     evals.append(ev)
     eval_rounds.append(start_round + done)
     if checkpoint_path is not None:
-      checkpoint.save(checkpoint_path, state)
+      checkpoint.save(checkpoint_path, runner.result(state))
     now = time.perf_counter() - start
     elapsed.append(now)
     if verbose:
@@ -270,4 +313,4 @@ def train(algorithm: base.Algorithm, params: PyTree,
   history["elapsed_s"] = np.asarray(elapsed)
   for name in evals[0]:
     history[f"eval/{name}"] = np.stack([np.asarray(e[name]) for e in evals])
-  return TrainResult(state, history)
+  return TrainResult(runner.result(state), history)

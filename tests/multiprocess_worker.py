@@ -7,8 +7,9 @@ collectives) on localhost:PORT; with 1 it is the single-process reference
 (run it with 2 fake host devices for the same mesh). Either way it runs the
 same program: every process builds only its own clients' rows, assembles the
 global federation with `prfl.sharding.shard_local_clients`, and trains
-Federated-Clustering (mini-batches, groups, an attack, checkpoints) and FedAvg
-with `prfl.train`. Process 0 writes the final states and histories to
+Federated-Clustering (mini-batches, groups, an attack, checkpoints), FedAvg
+and a cohort run of Federated-Clustering (4 of 8 clients per round, one
+dropping out) with `prfl.train`. Process 0 writes the final states and histories to
 OUT_DIR/<name>.npz; the FC run's checkpoints go to OUT_DIR/fc_ckpt.
 """
 
@@ -54,13 +55,21 @@ def main(process_id: int, num_processes: int, port: int, out: str):
           attack=prfl.attacks.gaussian(1.0)),
       "fedavg": prfl.algorithms.fedavg(prfl.data.regression_loss,
                                        optax.sgd(0.05)),
+      # 4 of the 8 clients per round, one of them dropping out.
+      "cohort": prfl.participation.cohort(
+          prfl.algorithms.federated_clustering(
+              prfl.data.regression_loss, optax.sgd(0.05, momentum=0.9),
+              radius=prfl.quantile_radius(0.5)),
+          cohort_size=4, dropout=0.25),
   }
   for name, alg in algorithms.items():
     result = prfl.train(
         alg, params, data, byzantine=mask, num_rounds=4, eval_every=2,
         key=jax.random.key(1), batch_size=2, eval_fn=prfl.data.regression_eval,
         checkpoint_path=os.path.join(out, f"{name}_ckpt"), verbose=False)
-    assert not result.state.params.is_fully_addressable or num_processes == 1
+    sharded = result.state.clients["params"] if name == "cohort" else (
+        result.state.params)
+    assert not sharded.is_fully_addressable or num_processes == 1
     final = sharding.to_host(result.state)
     if jax.process_index() == 0:
       leaves = jax.tree_util.tree_flatten_with_path(final)[0]

@@ -1,4 +1,4 @@
-"""experiments/byzantine.py: option checks, the grid's bookkeeping, a smoke run.
+"""experiments/byzantine: option checks, the grid's bookkeeping, a smoke run.
 
 The smoke run uses scikit-learn's bundled digits (no download). Mutations seen
 to fail these tests: the grid without its per-fraction attack-free runs
@@ -14,6 +14,16 @@ import pytest
 
 import prfl_jax as prfl
 from experiments import byzantine
+from experiments import cli
+from experiments import registry
+from experiments import training
+from experiments.byzantine import config
+from experiments.byzantine import report
+from experiments.byzantine import run as run_lib
+
+
+def _cfg(argv=()):
+  return config.resolve(cli.parse(config.Config, list(argv))[0])
 
 
 @pytest.fixture
@@ -26,18 +36,19 @@ def no_data_load(monkeypatch):
 @pytest.mark.parametrize("argv, match", [
     (["--dataset", "cifar"], "--dataset"),
     (["--attacks", "alie,bogus"], "--attacks"),
-    (["--methods", ""], "--methods"),
-    (["--references", "global"], "--references"),
+    (["--algorithms", ""], "--algorithms"),
+    (["--algorithms", "knn"], "--algorithms"),
+    (["--references", "sgd"], "--references"),
     (["--fractions", "0,0.5"], "--fractions"),
     (["--fractions", "0,x"], "--fractions"),
     (["--part", "table"], "--part"),
-    (["--trim-fraction", "0.5"], "trim_fraction"),
-    (["--cc-radius", "0"], "radius"),
+    (["--trim-fraction", "0.5"], "--trim-fraction"),
+    (["--cc-radius", "0"], "--cc-radius"),
     (["--gm-iters", "0"], "--gm-iters"),
     (["--smoke", "--fractions", "0.1"], "marks no client"),
     # 2 clusters x 5 clients, 40%: 4 Byzantine of 10, and Krum needs 10 > 10.
     (["--clusters", "2", "--clients-per-cluster", "5", "--fractions", "0.4",
-      "--methods", "global_krum"], "too large for Krum"),
+      "--algorithms", "global_krum"], "too large for Krum"),
     (["--clients-per-cluster", "40"], "--batch-size"),
     (["--rounds", "0"], "--rounds"),
 ])
@@ -49,10 +60,9 @@ def test_bad_options_fail_before_any_data_load(no_data_load, capsys, argv,
 
 
 def test_grid_jobs_have_an_attack_free_run_per_fraction():
-  cfg = byzantine.resolve(byzantine.Config(
-      attacks=("alie", "nan"), methods=("fc", "global_median"),
-      fractions=(0.0, 0.2), part="grid"))
-  jobs = byzantine.grid_jobs(cfg)
+  cfg = _cfg(["--attacks", "alie,nan", "--algorithms", "fc,global_median",
+              "--fractions", "0,0.2", "--part", "grid"])
+  jobs = config.grid_jobs(cfg)
   assert jobs[:4] == [(0.0, "none", "fc"), (0.0, "none", "global_median"),
                       (0.0, "none", "oracle"), (0.0, "none", "local")]
   assert [j for j in jobs if j[0] == 0.2] == [
@@ -60,10 +70,10 @@ def test_grid_jobs_have_an_attack_free_run_per_fraction():
       for m in ("fc", "global_median")]
   # Defaults: 10 attacks + "none" at 3 fractions, "none" at 0%, 8 methods,
   # and the 2 references at 0%.
-  cfg = byzantine.resolve(byzantine.Config())
-  assert len(byzantine.grid_jobs(cfg)) == (3 * 11 + 1) * 8 + 2
-  assert cfg.sizes["grid"]["num_clients"] == 40
-  assert cfg.sizes["figure6"]["num_groups"] == 2
+  cfg = _cfg()
+  assert len(config.grid_jobs(cfg)) == (3 * 11 + 1) * 8 + 2
+  assert config.part_sizes(cfg, "grid").num_clients == 40
+  assert config.part_sizes(cfg, "figure6").groups == 2
 
 
 def _row(fraction, attack, method, accuracy, nonfinite=0):
@@ -72,14 +82,13 @@ def _row(fraction, attack, method, accuracy, nonfinite=0):
 
 
 def test_grid_checks_compare_with_the_same_federation():
-  cfg = byzantine.resolve(byzantine.Config(
-      attacks=("alie", "nan"), methods=("fc",), fractions=(0.0, 0.1, 0.3),
-      part="grid"))
+  cfg = _cfg(["--attacks", "alie,nan", "--algorithms", "fc", "--fractions",
+              "0,0.1,0.3", "--part", "grid"])
   rows = [_row(0.0, "none", "fc", 0.95),
           _row(0.1, "none", "fc", 0.90), _row(0.1, "alie", "fc", 0.88),
           _row(0.1, "nan", "fc", 0.86, nonfinite=2),
           _row(0.3, "none", "fc", 0.90), _row(0.3, "alie", "fc", 0.10)]
-  checks = byzantine.grid_checks(cfg, rows)
+  checks = report.grid_checks(cfg, rows)
   # 10% ALIE: 2 points below the 10% attack-free run (not 7 below 0%'s).
   assert checks["fc_drop_points_up_to_20pct"] == {"10% alie": 2.0,
                                                   "10% nan": 4.0}
@@ -93,7 +102,7 @@ def test_label_flip_changes_only_byzantine_clients():
   ds = prfl.data.load_dataset("digits")
   fed = prfl.data.federate(ds, task="private_label", num_clusters=2,
                            clients_per_cluster=5, byzantine_fraction=0.4)
-  flipped = byzantine.flip_labels(fed)
+  flipped = run_lib.flip_labels(fed)
   y, y2 = fed.data.train[1], flipped.data.train[1]
   byz = fed.byzantine
   np.testing.assert_array_equal(y2[~byz], y[~byz])
@@ -102,23 +111,34 @@ def test_label_flip_changes_only_byzantine_clients():
 
 
 def test_every_attack_and_method_builds():
-  hp = byzantine.cls.Hyper()
-  cfg = byzantine.resolve(byzantine.Config(part="grid"))
-  for name in ("none",) + byzantine.ATTACKS:
-    attack = byzantine.make_attack(name, hp)
+  s = registry.settings(_cfg())
+  for name in ("none",) + config.ATTACKS:
+    attack = config.make_attack(name, s)
     assert (attack is None) == (name in ("none", "label_flip"))
-  for name in byzantine.METHODS + byzantine.REFERENCES:
-    alg = byzantine.make_method(
-        name, cfg, hp, prfl.data.regression_loss, attack=None,
-        num_byzantine=4, clusters=np.zeros(40, np.int32), key=jax.random.key(0))
+  ctx = registry.Context(prfl.data.regression_loss, np.zeros(40, np.int32), 4,
+                         jax.random.key(0), num_byzantine=4)
+  for name in config.METHODS + config.REFERENCES:
+    alg = registry.build(name, ctx, registry.settings(_cfg(), name))
     assert isinstance(alg, prfl.algorithms.Algorithm)
+
+
+def test_documented_smoke_command_runs(tmp_path, capsys):
+  """`python -m experiments.byzantine --smoke` failed (issue 21): smoke set 5
+  clients per cluster but kept the default fractions, and 10% of 5 marks no
+  client Byzantine. Its preset now runs 20%. Seen to fail with the preset's
+  `fractions` line removed."""
+  cfg = config.resolve(cli.parse(config.Config, ["--smoke"], presets={
+      "smoke": cli.preset("byzantine", "smoke")})[0])
+  assert cfg.fractions == (0.0, 0.2) and cfg.federation.clients_per_cluster == 5
+  assert [j for j in config.grid_jobs(cfg) if j[0] == 0.2]
 
 
 def test_smoke_run_writes_every_output(tmp_path, capsys):
   out = tmp_path / "byz"
   result = byzantine.main([
-      "--smoke", "--attacks", "edge", "--methods", "fc", "--fractions",
-      "0,0.2", "--references", "local", "--out", str(out)])
+      "--smoke", "--attacks", "edge", "--algorithms", "fc", "--fractions",
+      "0,0.2", "--references", "local", "--out", str(out), "--progress",
+      "lines"])
   printed = capsys.readouterr().out
   assert "[6/6] Figure 6" in printed and "[4/4] 20% ball edge" in printed
   assert "left)" in printed  # Progress with the time left.
@@ -138,7 +158,7 @@ def test_smoke_run_writes_every_output(tmp_path, capsys):
   assert {(r["attack"], r["method"]) for r in fig6["runs"]} == {
       (a, m) for a in ("none", "large", "bit_flip") for m in ("fc", "global")}
   config = json.loads((out / "config.json").read_text())
-  assert config["config"]["num_rounds"] == 2 and config["versions"]["jax"]
+  assert config["config"]["rounds"] == 2 and config["versions"]["jax"]
   for png in ("heatmap.png", "figure6.png"):
     assert (out / png).read_bytes()[:4] == b"\x89PNG"
   assert (out / "grid.csv").read_text().startswith("accuracy,")
@@ -148,11 +168,11 @@ def test_smoke_run_writes_every_output(tmp_path, capsys):
 
 def test_groups_option_sets_fc_subgroups_and_is_checked(no_data_load, capsys):
   """`--groups` overrides N/18.75 (mutation seen to fail: the override
-  ignored in `_federation_sizes`); more groups than clients is refused."""
-  cfg = byzantine.resolve(byzantine.config_from_args(
-      byzantine.build_parser().parse_args(["--groups", "1"])))
-  assert cfg.sizes["grid"]["num_groups"] == 1
-  assert cfg.sizes["figure6"]["num_groups"] == 1
+  ignored in `training.federation_sizes`); more groups than clients is
+  refused."""
+  cfg = _cfg(["--groups", "1"])
+  assert config.part_sizes(cfg, "grid").groups == 1
+  assert config.part_sizes(cfg, "figure6").groups == 1
   with pytest.raises(SystemExit):
     byzantine.main(["--groups", "41"])
   assert "--groups 41" in capsys.readouterr().err

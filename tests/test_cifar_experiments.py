@@ -3,9 +3,9 @@
 Mutations that these tests caught (each applied once, then restored):
 - `to_cifar_shape` padding (2, 2) -> (0, 4): `test_to_cifar_shape_pads_and_tiles`
   fails (the digit is no longer centred).
-- removing the repeated-value check of `cifar10.validate`:
+- removing the repeated-value check of tuple options (`options.Option.problem`):
   `test_bad_options_exit_before_any_output[repeated quantile]` fails.
-- removing the `--image-size` pool check in `cifar_common.validate`:
+- removing the `--image-size` pool check in `cifar.resolve`:
   `test_bad_options_exit_before_any_output[vgg16 at 16 pixels]` fails (the run
   starts and writes config.json).
 """
@@ -19,7 +19,7 @@ import pytest
 
 from experiments import cifar10
 from experiments import cifar100
-from experiments import cifar_common as cc
+from experiments import cifar as cc
 from prfl_jax.data import datasets
 
 
@@ -52,22 +52,23 @@ def test_synthetic_dataset_is_balanced_and_deterministic():
 
 def test_cifar10_smoke_writes_every_output(tmp_path, capsys):
   out = str(tmp_path / "c10")
-  runs = cifar10.main(["--smoke", "--out", out])
+  runs = cifar10.main(["--smoke", "--out", out, "--progress", "lines"])
   stdout = capsys.readouterr().out
   assert "SYNTHETIC" in stdout and "[4/4]" in stdout
   # Left panel (fc, local), the radius sweep and the local-steps sweep.
   assert set(runs) == {"fc", "local", "fc_q0.5", "fc_local1"}
   for r in runs.values():
     assert r["eval_round"].tolist() == [0, 1, 2]
-    assert np.all((r["accuracy"] >= 0) & (r["accuracy"] <= 1))
+    assert np.all((r["curve_accuracy"] >= 0) & (r["curve_accuracy"] <= 1))
   config = json.loads(_read(out, "config.json"))
   assert config["config"]["dataset"] == "synthetic"
-  assert config["synthetic_data"] is True
+  assert config["config"]["smoke"] is True
   results = json.loads(_read(out, "results.json"))
   assert results["synthetic_data"] is True
   assert "private_label" in results["federation"]
-  assert {r["panel"] for r in results["runs"]} == {
-      "algorithms", "radius", "local_steps"}
+  assert [r["panel"] for r in csv.DictReader(open(
+      os.path.join(out, "summary.csv")))] == [
+          "algorithms", "algorithms", "radius", "local_steps"]
   with open(os.path.join(out, "summary.csv")) as f:
     rows = list(csv.DictReader(f))
   assert [r["run"] for r in rows] == [
@@ -120,12 +121,12 @@ def test_cifar100_smoke_synthetic_plots(tmp_path):
     (cifar10, ["--model", "vgg16", "--image-size", "16"], "--image-size"),
     (cifar10, ["--data-dir", "."], "--data-dir"),
     (cifar10, ["--algorithms", "fc,knn"], "--algorithms"),
-    (cifar10, ["--quantiles", "0.2,1.5"], "--quantiles"),
-    (cifar10, ["--quantiles", "0.2,0.2"], "--quantiles"),
-    (cifar10, ["--local-steps", "-1"], "--local-steps"),
+    (cifar10, ["--panel-quantiles", "0.2,1.5"], "--panel-quantiles"),
+    (cifar10, ["--panel-quantiles", "0.2,0.2"], "--panel-quantiles"),
+    (cifar10, ["--panel-local-steps", "-1"], "--panel-local-steps"),
     (cifar10, ["--train-per-client", "8", "--test-per-client", "2",
                "--batch-size", "16"], "--batch-size"),
-    (cifar100, ["--num-clusters", "3"], "--num-clusters"),
+    (cifar100, ["--clusters", "3"], "--clusters"),
     (cifar100, ["--data-dir", "/nonexistent/cifar"], "--data-dir"),
     (cifar100, ["--algorithms", "ditto"], "--algorithms"),
 ], ids=["rounds 0", "eval-every > rounds", "vgg16 at 16 pixels",

@@ -184,24 +184,38 @@ def test_train_and_test_come_from_the_same_client_distribution():
 
 
 def test_sample_batch_never_draws_padded_examples():
+  """`federate` records the padding; batches draw real rows first.
+
+  Seen to fail when `federate` leaves `num_examples` None on padded data, and
+  when `batch_rows` drops the real-first reordering.
+  """
   ds = make_ds(m=400)
   fed = prfl.data.federate(ds, task="none", num_clusters=2,
                            clients_per_cluster=5, partition="dirichlet",
                            alpha=0.3, seed=0)
+  counts = fed.data.num_examples
+  np.testing.assert_array_equal(counts, (fed.data.train[1] >= 0).sum(1))
   train = tuple(map(jax.numpy.asarray, fed.data.train))
-  valid = np.asarray(prfl.data.valid_mask(train))
-  np.testing.assert_array_equal(valid, fed.data.train[1] >= 0)
-  counts = valid.sum(1)
   b = int(counts.min())
-  draw = jax.jit(lambda k: prfl.data.sample_batch(k, train, b))
+  draw = jax.jit(lambda k: prfl.data.sample_batch(k, train, b, counts))
   for s in range(20):
-    _, yb = draw(jax.random.key(s))
-    assert (np.asarray(yb) >= 0).all()
-  # A client with fewer valid examples than B gets all of them, then padding.
+    batch = draw(jax.random.key(s))
+    assert isinstance(batch, prfl.data.Padded)
+    assert (np.asarray(batch.examples[1]) >= 0).all()
+    assert np.asarray(batch.mask).all()
+  # A client with fewer real examples than B gets all of them, then padding.
   big = int(counts.max())
-  _, yb = prfl.data.sample_batch(jax.random.key(0), train, big)
-  for i in range(10):
-    assert (np.asarray(yb[i]) >= 0).sum() == counts[i]
+  batch = prfl.data.sample_batch(jax.random.key(0), train, big, counts)
+  np.testing.assert_array_equal(np.asarray(batch.mask).sum(1), counts)
+  np.testing.assert_array_equal(np.asarray(batch.mask),
+                                np.asarray(batch.examples[1]) >= 0)
+
+
+def test_equal_clients_are_not_padded():
+  fed = prfl.data.federate(make_ds(), task="none", num_clusters=2,
+                           clients_per_cluster=4, train_per_client=8,
+                           test_per_client=2)
+  assert fed.data.num_examples is None
 
 
 def test_sample_batch_is_unchanged_on_unpadded_data():
@@ -215,11 +229,9 @@ def test_sample_batch_is_unchanged_on_unpadded_data():
   _, yb = prfl.data.sample_batch(key, train, 4)
   np.testing.assert_array_equal(
       yb, np.take_along_axis(train[1], want, axis=1))
-  float_train = {"a": train[0], "y": train[0][..., 0]}  # No integer labels.
-  assert prfl.data.valid_mask(float_train) is None
-  got = prfl.data.sample_batch(key, float_train, 4)
-  np.testing.assert_array_equal(
-      got["y"], np.take_along_axis(float_train["y"], want, axis=1))
+  full = prfl.data.sample_batch(key, train, 4, np.full(3, 7, np.int32))
+  np.testing.assert_array_equal(full.examples[1], yb)
+  assert np.asarray(full.mask).all()
 
 
 def test_byzantine_mask_marks_the_last_clients_of_each_cluster():

@@ -6,14 +6,18 @@ import os
 import numpy as np
 import pytest
 
+from experiments import cli
 from experiments import failure_modes
+from experiments.failure_modes import config
+from experiments.failure_modes import examples
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
   out = tmp_path_factory.mktemp("failure_modes")
-  res = failure_modes.main(["--out", str(out), "--rounds", "200",
-                            "--seeds", "200", "--rounds-cfl", "40"])
+  res = failure_modes.main(["--out", str(out), "--example-rounds", "200",
+                            "--example3-seeds", "200", "--example3-rounds",
+                            "40", "--progress", "lines"])
   res["out"] = str(out)
   return res
 
@@ -27,29 +31,33 @@ def test_writes_json_and_plots(results):
     assert os.path.getsize(os.path.join(out, f"example{i}.png")) > 0
   with open(os.path.join(out, "config.json")) as f:
     config = json.load(f)
-  assert config["config"]["rounds"] == 200 and config["seed"] == 0
+  assert config["config"]["example_rounds"] == 200 and config["seed"] == 0
   assert {"jax", "jaxlib", "flax", "optax", "numpy", "python"} <= set(
       config["versions"])
   assert config["platform"]["backend"]
 
 
 @pytest.mark.parametrize("argv, option", [
-    (["--rounds", "-5"], "--rounds"),  # Was an MLIRError after compiling.
-    (["--rounds", "0"], "--rounds"),  # Was an IndexError after running.
-    (["--seeds", "0"], "--seeds"),  # Was a ValueError after examples 1-2.
+    # Was an MLIRError after compiling.
+    (["--example-rounds", "-5"], "--example-rounds"),
+    # Was an IndexError after running.
+    (["--example-rounds", "0"], "--example-rounds"),
+    # Was a ValueError after examples 1-2.
+    (["--example3-seeds", "0"], "--example3-seeds"),
     (["--eta-fc", "nan"], "--eta-fc"),
     (["--eta-cfl", "0"], "--eta-cfl"),
-    (["--cfl-warmup", "-1"], "--cfl-warmup"),
-    (["--cfl-warmup", "100"], "--cfl-warmup"),  # >= --rounds-cfl (100).
+    (["--example3-cfl-warmup", "-1"], "--example3-cfl-warmup"),
+    # >= --example3-rounds (100).
+    (["--example3-cfl-warmup", "100"], "--example3-cfl-warmup"),
     (["--myopic-radius", "-0.1"], "--myopic-radius"),
-    (["--local-steps", "1.5"], "--local-steps"),
+    (["--example2-local-steps", "1.5"], "--example2-local-steps"),
 ])
 def test_bad_options_are_rejected_before_running(argv, option, tmp_path,
                                                  capsys, monkeypatch):
   """Failed before experiments/cli.py: no option was checked."""
   def must_not_run(cfg):
     raise AssertionError("ran before the options were checked")
-  monkeypatch.setattr(failure_modes, "example1", must_not_run)
+  monkeypatch.setattr(examples, "example1", must_not_run)
   with pytest.raises(SystemExit) as e:
     failure_modes.main(argv + ["--out", str(tmp_path / "x")])
   assert e.value.code == 2
@@ -60,9 +68,10 @@ def test_bad_options_are_rejected_before_running(argv, option, tmp_path,
 def test_smoke_sizes(tmp_path):
   """--smoke sets small sizes (the run itself is what `results` runs, with
   other sizes: running it again here would cost ~40 s of compiling)."""
-  cfg, args = failure_modes.parse(["--smoke", "--out", str(tmp_path),
-                                   "--rounds", "30"])
-  assert args.smoke and (cfg.rounds, cfg.seeds, cfg.rounds_cfl) == (30, 8, 30)
+  cfg = cli.parse(config.Config, ["--smoke", "--example-rounds", "30"],
+                  presets={"smoke": cli.preset("failure_modes", "smoke")})[0]
+  assert cfg.run.smoke and (cfg.example_rounds, cfg.example3_seeds,
+                            cfg.example3_rounds) == (30, 8, 30)
 
 
 def test_example1_myopic_gets_stuck_and_merges(results):

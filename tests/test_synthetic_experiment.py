@@ -1,4 +1,4 @@
-"""End-to-end: the synthetic federation (§5.1) and experiments/synthetic.py."""
+"""End-to-end: the synthetic federation (§5.1) and experiments/synthetic."""
 
 import json
 
@@ -10,6 +10,7 @@ import pytest
 
 import prfl_jax as prfl
 from experiments import synthetic
+from experiments.synthetic import run as run_lib
 from tests import tolerances
 
 
@@ -53,7 +54,8 @@ def test_fc_reaches_oracle_error_where_local_and_global_do_not():
 def test_experiment_smoke_writes_results_and_config(tmp_path, capsys):
   out = tmp_path / "syn"
   # --smoke: 2x3, 20 rounds, lr 0.001, q 0.3, fc,oracle,local,global,ifca.
-  synthetic.main(["--smoke", "--out", str(out), "--seed", "2"])
+  synthetic.main(["--smoke", "--out", str(out), "--seed", "2", "--progress",
+                  "lines"])
   printed = capsys.readouterr().out
   assert "fc" in printed and "[1/5]" in printed
   results = json.loads((out / "results.json").read_text())
@@ -64,16 +66,17 @@ def test_experiment_smoke_writes_results_and_config(tmp_path, capsys):
     assert (out / png).read_bytes()[:4] == b"\x89PNG"
   assert not list(out.glob(".tmp-*"))
   config = json.loads((out / "config.json").read_text())
-  assert config["seed"] == 2 and config["smoke"]
-  assert config["config"]["num_rounds"] == 20
-  assert config["config"]["settings"] == [[2, 3]]
+  assert config["seed"] == 2 and config["config"]["smoke"]
+  assert config["config"]["rounds"] == 20
+  assert config["config"]["settings"] == ["2x3"]
   assert config["versions"]["jax"] == jax.__version__
   assert config["platform"]["backend"] == jax.default_backend()
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--settings", "4by4"], "--settings"),
-    (["--algorithms", "fc,sgd"], "unknown"),
+    (["--algorithms", "fc,sgd"], "--algorithms"),
+    (["--algorithms", "knn"], "--algorithms"),
     (["--algorithms", ""], "--algorithms"),
     (["--lrs", "-1"], "--lrs"),
     (["--lrs", "nan"], "--lrs"),
@@ -88,7 +91,7 @@ def test_experiment_rejects_bad_arguments_before_running(argv, message,
                                                          monkeypatch):
   """`--lrs nan` (exit 0, NaN table) and `--algorithms ""` (failure at the
   CSV write, after all the runs) failed before experiments/cli.py."""
-  monkeypatch.setattr(synthetic, "run_grid", _must_not_run)
+  monkeypatch.setattr(run_lib, "run_grid", _must_not_run)
   with pytest.raises(SystemExit) as e:
     synthetic.main(argv + ["--out", str(tmp_path / "x")])
   assert e.value.code == 2
@@ -103,7 +106,7 @@ def _must_not_run(*args, **kwargs):
 def test_unwritable_out_is_found_before_any_run(tmp_path, capsys,
                                                 monkeypatch):
   """Failed before: an unwritable `--out` was found after all the runs."""
-  monkeypatch.setattr(synthetic, "run_grid", _must_not_run)
+  monkeypatch.setattr(run_lib, "run_grid", _must_not_run)
   (tmp_path / "file").write_text("")
   with pytest.raises(SystemExit):
     synthetic.main(["--smoke", "--out", str(tmp_path / "file" / "out")])

@@ -35,6 +35,21 @@ class Algorithm(NamedTuple):
   step: Callable[[Any, PyTree, jax.Array], tuple]
 
 
+class Layout(NamedTuple):
+  """Which fields of an algorithm's state belong to which client.
+
+  Every state class declares one as its `layout` class attribute, for
+  partial participation (`prfl_jax.participation.cohort`): a round gathers
+  the cohort's rows of the `clients` fields, steps, and scatters them back.
+  `shared` fields are `[N, ...]` copies of one server value (FedAvg's global
+  model): a cohort run keeps one copy. Every other field is server state
+  (K cluster models, centres, the round counter) that the cohort's step
+  updates as a whole.
+  """
+  clients: tuple  # fields with leaves [N, ...], one row per client.
+  shared: tuple = ()  # fields with leaves [N, ...], all rows equal.
+
+
 def byzantine_mask(byzantine, num_clients: int) -> jax.Array:
   """Validates and returns the `[N]` bool Byzantine mask (all False if None)."""
   if byzantine is None:
@@ -54,6 +69,18 @@ def check_optimizer(optimizer):
 
 
 check_positive_int = validation.check_positive_int
+
+
+def check_at_most_clients(count: int, name: str, num_clients: int):
+  """Raises ValueError if `count` (e.g. `num_groups`) exceeds N.
+
+  Called by `init` and again by `step` (at trace time), since a cohort run
+  steps on the C clients of a cohort rather than on all N.
+  """
+  if count > num_clients:
+    raise ValueError(
+        f"`{name}`={count} exceeds the number of clients N={num_clients} "
+        "(with cohorts: the clients that arrive each round).")
 
 
 def init_params(params: PyTree) -> int:

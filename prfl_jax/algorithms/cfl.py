@@ -109,6 +109,7 @@ class CflState(NamedTuple):
   num_clusters: jax.Array  # [] int32: clusters in use (ids 0..num_clusters-1).
   byzantine: jax.Array  # [N] bool: malicious clients.
   round: jax.Array  # [] int32: rounds done.
+  layout = base.Layout(clients=("params", "clusters", "byzantine"))
 
 
 def cfl(loss_fn, optimizer: optax.GradientTransformation, *, eps1: float,

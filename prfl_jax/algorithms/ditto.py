@@ -39,6 +39,7 @@ class DittoState(NamedTuple):
   global_params: PyTree  # leaves [...]: the global model w (unstacked).
   byzantine: jax.Array  # [N] bool: malicious clients.
   round: jax.Array  # [] int32: rounds done.
+  layout = base.Layout(clients=("params", "opt_state", "byzantine"))
 
 
 def personal_steps(loss_fn, optimizer: optax.GradientTransformation,

@@ -28,6 +28,7 @@ class FedAvgState(NamedTuple):
   opt_state: PyTree  # leaves [N, ...]: optimizer state (copies, local_steps=1).
   byzantine: jax.Array  # [N] bool: malicious clients.
   round: jax.Array  # [] int32: rounds done.
+  layout = base.Layout(clients=("byzantine",), shared=("params", "opt_state"))
 
 
 def local_updates(loss_fn, optimizer, params: PyTree, batch: PyTree,

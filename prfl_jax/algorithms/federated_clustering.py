@@ -33,6 +33,7 @@ from prfl_jax import gradients
 from prfl_jax import kernels
 from prfl_jax import tree as tree_lib
 from prfl_jax.algorithms import base
+from prfl_jax.algorithms import fc_defence
 
 PyTree = Any
 
@@ -43,6 +44,7 @@ class FederatedClusteringState(NamedTuple):
   opt_state: PyTree  # leaves [N, ...]: per-client optimizer state.
   byzantine: jax.Array  # [N] bool: malicious clients.
   round: jax.Array  # [] int32: rounds done.
+  layout = base.Layout(clients=("params", "opt_state", "byzantine"))
 
 
 class _Groups(NamedTuple):
@@ -72,7 +74,8 @@ def random_groups(key: jax.Array, num_clients: int, num_groups: int) -> _Groups:
 def _group_directions(loss_fn, gparams: PyTree, gbatch: PyTree,
                       gbyz: jax.Array, weight: jax.Array, key: jax.Array, *,
                       radius, num_iters: int, plan: kernels.ResolvedPlan,
-                      attack=None) -> kernels.PairsOutput:
+                      attack=None, pre_aggregator=None
+                      ) -> kernels.PairsOutput:
   """Threshold-Clustering estimate for the S clients of one group.
 
   Args:
@@ -82,15 +85,14 @@ def _group_directions(loss_fn, gparams: PyTree, gbatch: PyTree,
     gbyz: `[S]` bool, Byzantine group members (False on padding slots).
     weight: `[S]` 1.0 for real clients, 0.0 for padding.
     key: PRNG key of the attack noise.
-    radius, num_iters, attack: as in `federated_clustering`.
+    radius, num_iters, attack, pre_aggregator: as in
+      `federated_clustering`.
     plan: the round's `kernels.ResolvedPlan` (not resolved again).
 
   Returns:
     `kernels.PairsOutput` with leading axis S (slot order).
   """
-  message_fn = None
-  if attack is not None:
-    message_fn = lambda grads, i, k: attack(grads, gbyz, k)
+  message_fn = fc_defence.message_fn(attack, pre_aggregator, gbyz, weight)
   return kernels.cluster_at_models(
       loss_fn, gparams, gbatch, radius=radius, num_iters=num_iters,
       weights=weight, plan=plan, message_fn=message_fn, key=key)
@@ -115,7 +117,7 @@ def clustered_update(loss_fn, optimizer: optax.GradientTransformation,
                      byzantine: jax.Array, key: jax.Array, *, radius,
                      num_iters: int, num_groups: int,
                      plan: kernels.ExecutionPlan, attack=None,
-                     cluster=True):
+                     cluster=True, pre_aggregator=None):
   """One clustering round: every client steps with its estimate `v_i`.
 
   Every client's group is clustered (Algorithm 1, line 7) and the client
@@ -142,7 +144,7 @@ def clustered_update(loss_fn, optimizer: optax.GradientTransformation,
     batch: leaves `[N, B, ...]`.
     byzantine: `[N]` bool.
     key: PRNG key (group shuffle and attack noise).
-    radius, num_iters, num_groups, plan, attack: as in
+    radius, num_iters, num_groups, plan, attack, pre_aggregator: as in
       `federated_clustering`; `"auto"` fields of `plan` are resolved here,
       for the group size (`kernels.resolve_plan`).
     cluster: `[]` bool, possibly traced: cluster (True) or take a plain local
@@ -160,7 +162,9 @@ def clustered_update(loss_fn, optimizer: optax.GradientTransformation,
   group_shape = lambda t: jax.tree.map(lambda x: jax.ShapeDtypeStruct(
       (size,) + x.shape[1:], x.dtype), t)
   plan = kernels.resolve_plan(plan, loss_fn, group_shape(params),
-                              group_shape(batch), messages=attack is not None,
+                              group_shape(batch),
+                              messages=(attack is not None or
+                                        pre_aggregator is not None),
                               num_models=n)
   gkeys = jax.random.split(attack_key, num_groups)
 
@@ -173,7 +177,7 @@ def clustered_update(loss_fn, optimizer: optax.GradientTransformation,
       out = _group_directions(
           loss_fn, gparams, gbatch, byzantine[index] & (weight > 0), weight,
           gkey, radius=radius, num_iters=num_iters, plan=plan,
-          attack=attack)
+          attack=attack, pre_aggregator=pre_aggregator)
       return out.centers, RoundStats(out.own_loss, out.own_grad_norm,
                                      base.grad_norms(out.centers), out.inside)
 
@@ -221,8 +225,8 @@ def federated_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
                          radius: clustering.Radius, num_iters: int = 10,
                          num_groups: int = 1, local_steps: int = 0,
                          attack=None,
-                         plan: kernels.ExecutionPlan = kernels.ExecutionPlan()
-                         ) -> base.Algorithm:
+                         plan: kernels.ExecutionPlan = kernels.ExecutionPlan(),
+                         pre_aggregator=None) -> base.Algorithm:
   """Federated-Clustering: personalized, Byzantine-robust training.
 
   Args:
@@ -238,6 +242,10 @@ def federated_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
     plan: execution plan of the all-pairs gradients (same results; the
       default picks chunk and kernel from the backend and the loss, see
       `prfl_jax.kernels`). `kernel="ghost"` cannot apply an `attack`.
+    pre_aggregator: optional defence applied at every model to the N
+      gradients (after the attack) before Threshold-Clustering: a
+      `prfl.aggregators` pre-aggregator keeping one row per client, e.g.
+      `cap_duplicates()` (see `algorithms.fc_defence`).
 
   Returns:
     `Algorithm(init, step)`; `init(params, *, byzantine=None)` takes params
@@ -251,15 +259,17 @@ def federated_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
   base.check_positive_int(num_iters, "num_iters")
   base.check_positive_int(num_groups, "num_groups")
   base.check_positive_int(local_steps, "local_steps", minimum=0)
-  kernels.check_plan(plan, messages=attack is not None)
+  if pre_aggregator is not None and not callable(pre_aggregator):
+    raise TypeError("`pre_aggregator` must be a prfl.aggregators "
+                    f"pre-aggregator, got {type(pre_aggregator)}.")
+  kernels.check_plan(plan, messages=(attack is not None or
+                                     pre_aggregator is not None))
   if not callable(radius):
     clustering.check_radius(radius, 1)
 
   def init(params, *, byzantine=None) -> FederatedClusteringState:
     n = base.init_params(params)
-    if num_groups > n:
-      raise ValueError(
-          f"`num_groups`={num_groups} exceeds the number of clients N={n}.")
+    base.check_at_most_clients(num_groups, "num_groups", n)
     opt_state = jax.vmap(optimizer.init)(params)
     return FederatedClusteringState(params, opt_state,
                                     base.byzantine_mask(byzantine, n),
@@ -267,13 +277,15 @@ def federated_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
 
   def step(state: FederatedClusteringState, batch: PyTree, key: jax.Array):
     gradients.check_loss_fn(loss_fn, state.params, batch)  # At trace time.
+    base.check_at_most_clients(num_groups, "num_groups",
+                               state.byzantine.shape[0])
     cluster = (True if local_steps == 0 else
                state.round % (local_steps + 1) == 0)
     params, opt_state, stats, groups = clustered_update(
         loss_fn, optimizer, state.params, state.opt_state, batch,
         state.byzantine, key, radius=radius, num_iters=num_iters,
         num_groups=num_groups, plan=plan, attack=attack,
-        cluster=cluster)
+        cluster=cluster, pre_aggregator=pre_aggregator)
     # Share of each client's group inside its final ball, and the share of
     # the group that is both Byzantine and inside (0 in local rounds).
     group_of = groups.slot // groups.index.shape[1]  # [N]

@@ -48,6 +48,7 @@ class HypClusterState(NamedTuple):
   assignment: jax.Array  # [N] int32: hypothesis of each client, last round.
   byzantine: jax.Array  # [N] bool: malicious clients.
   round: jax.Array  # [] int32: rounds done.
+  layout = base.Layout(clients=("params", "assignment", "byzantine"))
 
 
 def expectation_step(loss_fn, models: PyTree, batch: PyTree):

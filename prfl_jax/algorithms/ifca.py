@@ -121,6 +121,7 @@ class IfcaState(NamedTuple):
   assignment: jax.Array  # [N] int32: cluster chosen by each client, last round.
   byzantine: jax.Array  # [N] bool: malicious clients.
   round: jax.Array  # [] int32: rounds done.
+  layout = base.Layout(clients=("params", "assignment", "byzantine"))
 
 
 def ifca(loss_fn, optimizer: optax.GradientTransformation, *,

@@ -21,6 +21,7 @@ class LocalState(NamedTuple):
   opt_state: PyTree  # leaves [N, ...]: per-client optimizer state.
   byzantine: jax.Array  # [N] bool: malicious clients (they only hurt themselves).
   round: jax.Array  # [] int32: rounds done.
+  layout = base.Layout(clients=("params", "opt_state", "byzantine"))
 
 
 def local(loss_fn, optimizer: optax.GradientTransformation) -> base.Algorithm:

@@ -36,6 +36,8 @@ class MomentumClusteringState(NamedTuple):
   assignment: jax.Array  # [N] int32: cluster of each client last round.
   byzantine: jax.Array  # [N] bool: malicious clients.
   round: jax.Array  # [] int32: rounds done.
+  layout = base.Layout(clients=("params", "opt_state", "momentum",
+                                "assignment", "byzantine"))
 
 
 def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
@@ -82,9 +84,7 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
 
   def init(params, *, byzantine=None) -> MomentumClusteringState:
     n = base.init_params(params)
-    if num_clusters > n:
-      raise ValueError(
-          f"`num_clusters`={num_clusters} exceeds the number of clients N={n}.")
+    base.check_at_most_clients(num_clusters, "num_clusters", n)
     zeros = jax.tree.map(jnp.zeros_like, params)
     centers = jax.tree.map(lambda p: jnp.zeros((num_clusters,) + p.shape[1:],
                                                p.dtype), params)
@@ -95,6 +95,8 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
 
   def step(state: MomentumClusteringState, batch, key):
     gradients.check_loss_fn(loss_fn, state.params, batch)  # At trace time.
+    base.check_at_most_clients(num_clusters, "num_clusters",
+                               state.byzantine.shape[0])
     init_key, attack_key = jax.random.split(key)
     losses, grads = gradients.client_grads(loss_fn, state.params, batch)
     momentum = jax.tree.map(lambda g, m: alpha * g + (1.0 - alpha) * m,

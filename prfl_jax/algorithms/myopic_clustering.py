@@ -43,6 +43,8 @@ class MyopicClusteringState(NamedTuple):
   assignment: jax.Array  # [N] int32: cluster of every client, last round.
   byzantine: jax.Array  # [N] bool: malicious clients.
   round: jax.Array  # [] int32: rounds done.
+  layout = base.Layout(clients=("params", "opt_state", "assignment",
+                                "byzantine"))
 
 
 def myopic_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
@@ -94,9 +96,7 @@ def myopic_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
 
   def init(params, *, byzantine=None) -> MyopicClusteringState:
     n = base.init_params(params)
-    if num_clusters > n:
-      raise ValueError(
-          f"`num_clusters`={num_clusters} exceeds the number of clients N={n}.")
+    base.check_at_most_clients(num_clusters, "num_clusters", n)
     return MyopicClusteringState(
         params, jax.vmap(optimizer.init)(params),
         jnp.zeros((n,), jnp.int32), base.byzantine_mask(byzantine, n),
@@ -104,6 +104,8 @@ def myopic_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
 
   def step(state: MyopicClusteringState, batch: PyTree, key: jax.Array):
     gradients.check_loss_fn(loss_fn, state.params, batch)  # At trace time.
+    base.check_at_most_clients(num_clusters, "num_clusters",
+                               state.byzantine.shape[0])
     attack_key, start_key = jax.random.split(key)
     losses, grads = gradients.client_grads(loss_fn, state.params, batch)
     messages = base.attacked(attack, grads, state.byzantine, attack_key)

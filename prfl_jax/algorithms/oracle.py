@@ -26,6 +26,9 @@ class OracleState(NamedTuple):
   opt_state: PyTree  # leaves [N, ...]: per-client optimizer state.
   byzantine: jax.Array  # [N] bool: malicious clients, excluded from the means.
   round: jax.Array  # [] int32: rounds done.
+  clusters: jax.Array  # [N] int32: true cluster of each client.
+  layout = base.Layout(clients=("params", "opt_state", "byzantine",
+                                "clusters"))
 
 
 def oracle(loss_fn, optimizer: optax.GradientTransformation, *,
@@ -60,16 +63,16 @@ def oracle(loss_fn, optimizer: optax.GradientTransformation, *,
           "clients.")
     return OracleState(params, jax.vmap(optimizer.init)(params),
                        base.byzantine_mask(byzantine, n),
-                       jnp.zeros((), jnp.int32))
+                       jnp.zeros((), jnp.int32), clusters)
 
   def step(state: OracleState, batch, key):
     gradients.check_loss_fn(loss_fn, state.params, batch)  # At trace time.
     del key  # Unused.
     losses, grads = gradients.client_grads(loss_fn, state.params, batch)
     weights = (~state.byzantine).astype(jnp.float32)
-    means, _ = cluster_models.segment_mean(grads, clusters, num_clusters,
-                                           weights)
-    directions = tree_lib.take(means, clusters)
+    means, _ = cluster_models.segment_mean(grads, state.clusters,
+                                           num_clusters, weights)
+    directions = tree_lib.take(means, state.clusters)
     params, opt_state = base.apply_updates(optimizer, directions,
                                            state.opt_state, state.params)
     metrics = {

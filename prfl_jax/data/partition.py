@@ -7,29 +7,28 @@ algorithms train on, as in the paper's real-data experiments (Werner et al.,
 disjoint label blocks), each of n clients with its own train and test examples
 from the same client distribution, and a Byzantine mask.
 
-The partitioners (`iid_partition`, `dirichlet_partition`, `shard_partition`)
-follow flwr-datasets' `IidPartitioner` / `DirichletPartitioner` and FedLab's
-pathological shards. Like those libraries, everything here runs once on the
-host, outside jit, with a seeded `np.random.default_rng(seed)` (the JAX `key`
-convention is for traced code; a host-side partition of an index array needs
-none): the same seed gives the same federation.
+The partitioners of the clients inside a cluster are in `partitioners`.
+Everything here runs once on the host, outside jit, with a seeded
+`np.random.default_rng(seed)`: the same seed gives the same federation.
 """
 
 import numbers
-from typing import List, NamedTuple, Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
 
 from prfl_jax import validation
 from prfl_jax.data.datasets import ArrayDataset
 from prfl_jax.data.federated import FederatedData
+from prfl_jax.data.partitioners import dirichlet_partition
+from prfl_jax.data.partitioners import iid_partition
+from prfl_jax.data.partitioners import MIN_CLIENT_EXAMPLES
+from prfl_jax.data.partitioners import shard_partition
 
 TASKS = ("rotation", "private_label", "label_blocks", "none")
 PARTITIONS = ("iid", "dirichlet", "shards")
 # The default train/test split of a client's examples when no sizes are given.
 DEFAULT_TEST_FRACTION = 0.2
-# Every client needs at least one training and one test example.
-MIN_CLIENT_EXAMPLES = 2
 
 
 class Federation(NamedTuple):
@@ -38,134 +37,6 @@ class Federation(NamedTuple):
   byzantine: np.ndarray  # bool [N]: clients marked Byzantine.
   num_classes: int
   description: str  # source, task, partition and sizes, for logs.
-
-
-def _rng(seed):
-  if isinstance(seed, np.random.Generator):
-    return seed
-  validation.check_positive_int(seed, "seed", minimum=0)
-  return np.random.default_rng(seed)
-
-
-def _check_labels(labels, num_clients):
-  labels = np.asarray(labels)
-  if labels.ndim != 1:
-    raise ValueError(f"`labels` must be 1-D [M], got shape {labels.shape}.")
-  validation.check_positive_int(num_clients, "num_clients")
-  if num_clients > len(labels):
-    raise ValueError(f"`num_clients` ({num_clients}) is more than the "
-                     f"{len(labels)} examples to partition.")
-  return labels
-
-
-def iid_partition(labels, num_clients: int, seed=0) -> List[np.ndarray]:
-  """Splits examples uniformly at random into `num_clients` near-equal parts.
-
-  Args:
-    labels: `[M]` (only its length is used).
-    num_clients: number of parts.
-    seed: int seed or `np.random.Generator`.
-
-  Returns:
-    a list of `num_clients` sorted int64 index arrays, disjoint, covering
-    `range(M)`, of sizes `M // num_clients` or one more.
-  """
-  labels = _check_labels(labels, num_clients)
-  perm = _rng(seed).permutation(len(labels))
-  return [np.sort(p) for p in np.array_split(perm, num_clients)]
-
-
-def dirichlet_partition(labels, num_clients: int, alpha: float, seed=0, *,
-                        min_partition_size: int = MIN_CLIENT_EXAMPLES,
-                        max_tries: int = 100) -> List[np.ndarray]:
-  """Label-skewed split: each class is divided by proportions ~ Dir(alpha).
-
-  As flwr-datasets' `DirichletPartitioner` (Hsu et al., 2019): for each class,
-  draw `p ~ Dirichlet(alpha * 1_num_clients)` and give client i the fraction
-  `p_i` of that class's (shuffled) examples; redraw everything until every
-  client has at least `min_partition_size` examples. Small alpha means
-  clients see few classes; large alpha approaches an IID split.
-
-  Args:
-    labels: `[M]` integer labels.
-    num_clients: number of parts.
-    alpha: concentration > 0.
-    seed: int seed or `np.random.Generator`.
-    min_partition_size: the least number of examples per client.
-    max_tries: redraws before giving up.
-
-  Returns:
-    a list of `num_clients` sorted index arrays, disjoint, covering `range(M)`.
-
-  Raises:
-    ValueError: on alpha <= 0, or when no draw in `max_tries` gives every
-      client `min_partition_size` examples.
-  """
-  labels = _check_labels(labels, num_clients)
-  if (not isinstance(alpha, numbers.Real) or isinstance(alpha, bool) or
-      not np.isfinite(alpha) or alpha <= 0):
-    raise ValueError(f"`alpha` must be a finite number > 0, got {alpha!r}.")
-  validation.check_positive_int(min_partition_size, "min_partition_size", 0)
-  validation.check_positive_int(max_tries, "max_tries")
-  if num_clients * min_partition_size > len(labels):
-    raise ValueError(
-        f"{num_clients} clients x `min_partition_size` {min_partition_size} "
-        f"is more than the {len(labels)} examples.")
-  rng = _rng(seed)
-  by_class = [np.flatnonzero(labels == c) for c in np.unique(labels)]
-  for _ in range(max_tries):
-    parts = [[] for _ in range(num_clients)]
-    for members in by_class:
-      members = rng.permutation(members)
-      p = rng.dirichlet(np.full(num_clients, float(alpha)))
-      if not np.all(np.isfinite(p)):  # Underflow at tiny alpha: one winner.
-        p = np.eye(num_clients)[rng.integers(num_clients)]
-      cuts = np.round(np.cumsum(p)[:-1] * len(members)).astype(int)
-      for i, chunk in enumerate(np.split(members, cuts)):
-        parts[i].append(chunk)
-    parts = [np.sort(np.concatenate(p)) for p in parts]
-    if min(len(p) for p in parts) >= min_partition_size:
-      return parts
-  raise ValueError(
-      f"no Dirichlet(alpha={alpha}) draw in {max_tries} tries gave each of "
-      f"the {num_clients} clients >= {min_partition_size} examples: increase "
-      "`alpha`, use fewer clients or lower `min_partition_size`.")
-
-
-def shard_partition(labels, num_clients: int, shards_per_client: int,
-                    seed=0) -> List[np.ndarray]:
-  """Pathological non-IID split (McMahan et al., 2017; FedLab's "shards").
-
-  Sorts the examples by label (ties in random order), cuts them into
-  `num_clients * shards_per_client` contiguous near-equal shards and gives
-  every client `shards_per_client` shards at random, so a client sees about
-  `shards_per_client` classes.
-
-  Args:
-    labels: `[M]` integer labels.
-    num_clients: number of parts.
-    shards_per_client: shards per client.
-    seed: int seed or `np.random.Generator`.
-
-  Returns:
-    a list of `num_clients` sorted index arrays, disjoint, covering `range(M)`.
-
-  Raises:
-    ValueError: when there are more shards than examples.
-  """
-  labels = _check_labels(labels, num_clients)
-  validation.check_positive_int(shards_per_client, "shards_per_client")
-  num_shards = num_clients * shards_per_client
-  if num_shards > len(labels):
-    raise ValueError(
-        f"{num_clients} clients x `shards_per_client` {shards_per_client} = "
-        f"{num_shards} shards is more than the {len(labels)} examples.")
-  rng = _rng(seed)
-  perm = rng.permutation(len(labels))
-  order = perm[np.argsort(labels[perm], kind="stable")]
-  shards = np.array_split(order, num_shards)
-  owner = rng.permutation(num_shards).reshape(num_clients, shards_per_client)
-  return [np.sort(np.concatenate([shards[s] for s in row])) for row in owner]
 
 
 def rotate(images: np.ndarray, k: int) -> np.ndarray:
@@ -329,8 +200,11 @@ def federate(ds: ArrayDataset, *, task: str, num_clusters: int,
      degrees, "private_label" maps y -> (y + k) mod C, "label_blocks" and
      "none" change nothing.
   5. Padding: clients with fewer examples are padded to the largest with zero
-     images and label -1 (losses and evaluations must ignore labels < 0;
-     `sample_batch` draws valid examples first).
+     images and label -1. The training padding is explicit:
+     `data.num_examples` holds every client's count (None when all clients
+     are equal), so batches are `prfl.data.Padded` and `sample_batch` draws
+     real examples first. Test padding keeps label -1, which
+     `prfl.models.classifier_eval` does not score.
   6. Byzantine: the last `floor(byzantine_fraction * clients_per_cluster)`
      clients of every cluster are marked.
 
@@ -353,8 +227,9 @@ def federate(ds: ArrayDataset, *, task: str, num_clusters: int,
   Returns:
     `Federation(data, byzantine, num_classes, description)` with
     `data.train = (x float32 [N, M, H, W, C], y int32 [N, M])`,
-    `data.test = (x [N, T, H, W, C], y [N, T])`, `data.clusters` int32 `[N]`
-    and `byzantine` bool `[N]` (NumPy arrays).
+    `data.test = (x [N, T, H, W, C], y [N, T])`, `data.clusters` int32 `[N]`,
+    `data.num_examples` int32 `[N]` (or None when no client is padded) and
+    `byzantine` bool `[N]` (NumPy arrays).
 
   Raises:
     TypeError/ValueError: naming the argument, before any work: unknown task
@@ -433,6 +308,9 @@ def federate(ds: ArrayDataset, *, task: str, num_clusters: int,
        if padded else "") +
       f", {used} of {len(labels)} examples used, {num_byz} Byzantine per "
       f"cluster, seed={seed}")
-  data = FederatedData(train=(x, y), test=(xt, yt), clusters=clusters)
+  counts = (train_sizes.astype(np.int32)
+            if train_sizes.min() < x.shape[1] else None)
+  data = FederatedData(train=(x, y), test=(xt, yt), clusters=clusters,
+                       num_examples=counts)
   return Federation(data=data, byzantine=byzantine, num_classes=num_classes,
                     description=description)

@@ -14,6 +14,7 @@ from jax import lax
 import jax.numpy as jnp
 
 from prfl_jax import validation
+from prfl_jax.data import padded
 from prfl_jax.data.federated import FederatedData
 
 PyTree = Any
@@ -67,10 +68,12 @@ def regression_loss(params: jax.Array, batch: PyTree) -> jax.Array:
 
   Args:
     params: `[d]` model.
-    batch: `{"a": [B, d], "y": [B]}`.
+    batch: `{"a": [B, d], "y": [B]}`, or a `prfl.data.Padded` of it (the
+      mean is then over the real rows).
   """
+  batch, mask = padded.unpad(batch)
   residual = batch["a"] @ params - batch["y"]
-  return 0.5 * jnp.mean(jnp.square(residual))
+  return 0.5 * padded.masked_mean(jnp.square(residual), mask)
 
 
 def regression_eval(params: jax.Array, test: PyTree) -> dict:

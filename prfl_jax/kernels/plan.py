@@ -68,9 +68,10 @@ def check_plan(plan: ExecutionPlan, kernels, *, messages: bool = False):
   if messages and plan.kernel != AUTO and not lookup(
       plan.kernel, kernels).accepts_messages:
     raise ValueError(
-        f"an attack (`attack` / `message_fn`) needs the materialised "
-        f"messages, which ExecutionPlan(kernel={plan.kernel!r}) never builds; "
-        "use kernel='gram'.")
+        f"an attack or a pre-aggregator (`attack`, `pre_aggregator`, "
+        f"`message_fn`) needs the materialised messages, which "
+        f"ExecutionPlan(kernel={plan.kernel!r}) never builds; use "
+        "kernel='gram'.")
 
 
 def lookup(kernel, kernels) -> base.Kernel:

@@ -1,0 +1,300 @@
+"""Every algorithm the experiments run, by name: one factory and its defaults.
+
+An experiment, a sweep or a benchmark builds an algorithm in two steps:
+
+  s = registry.settings(cfg, "fc")     # cfg's settings, then fc's overrides
+  alg = registry.build("fc", ctx, s)   # prfl.algorithms.federated_clustering
+
+`settings` collects the options of the setting groups (`groups.SETTINGS`:
+optimizer, schedule, clustering, plan, baselines, robust aggregation) from
+the experiment's configuration (group defaults for groups it does not have),
+then the entry's own defaults (what makes a variant, e.g. `global_median`'s
+aggregator), then `per_algorithm[name]` of the configuration. So one run can
+give FC another batch size, number of rounds or groups than the others
+(`--per-algorithm fc.batch_size=16`, or `[per_algorithm.fc]` in a file); the
+runner (`experiments.training`) reads `rounds`, `batch_size` and `eval_every`
+from each algorithm's settings.
+
+Adding an algorithm: a function `build(ctx, s) -> prfl.algorithms.Algorithm`
+registered with `@register(name, label, reads=(settings it reads), **defaults)`.
+"""
+
+import dataclasses
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import numpy as np
+import optax
+
+import prfl_jax as prfl
+from experiments import groups
+from experiments import options
+
+
+class Context(NamedTuple):
+  """What an algorithm needs from the experiment besides its settings."""
+  loss_fn: Callable  # loss_fn(params, batch) -> scalar, for one client.
+  clusters: np.ndarray  # [N] true clusters: the oracle's only input.
+  num_clusters: int  # K, for IFCA, HypCluster, CFL, Myopic- and MC.
+  key: jax.Array  # IFCA's / HypCluster's random initial models.
+  attack: Any = None  # What Byzantine clients send (`prfl.attacks`).
+  num_byzantine: int = 0  # Krum's f (the defender is told it).
+  init_models: Any = None  # IFCA / HypCluster: explicit initial models.
+
+
+class Settings(dict):
+  """Setting name -> value of one algorithm (read as attributes)."""
+
+  def __getattr__(self, name):
+    try:
+      return self[name]
+    except KeyError:
+      raise AttributeError(f"no setting {name!r}") from None
+
+
+class Entry(NamedTuple):
+  name: str
+  label: str  # In tables and plots.
+  build: Callable[[Context, Settings], prfl.algorithms.Algorithm]
+  reads: tuple  # The settings `build` reads.
+  defaults: dict  # Settings that define this entry (variants).
+
+
+REGISTRY: dict = {}
+# Every algorithm reads these through the runner (`experiments.training`).
+RUN_SETTINGS = ("rounds", "eval_every", "batch_size")
+_OPTIMIZER = ("lr", "momentum")
+
+
+def register(name: str, label: str, *, reads: tuple = (), **defaults):
+  """Decorator: registers `build(ctx, settings)` as algorithm `name`."""
+  def wrap(build):
+    REGISTRY[name] = Entry(name, label, build, _OPTIMIZER + tuple(reads),
+                           defaults)
+    return build
+  return wrap
+
+
+def names() -> tuple:
+  return tuple(REGISTRY)
+
+
+def label(name: str) -> str:
+  return REGISTRY[name].label
+
+
+def settings(cfg, name: Optional[str] = None) -> Settings:
+  """The settings algorithm `name` runs with under configuration `cfg`
+  (None: the shared settings, before any algorithm's own)."""
+  values = {}
+  for cls in groups.SETTINGS:
+    values.update(options.to_dict(cls()))
+  present = {o.name: o.value for o in options.walk(type(cfg), cfg)
+             if o.owner in groups.SETTINGS}
+  values.update(present)
+  if name is not None:
+    values.update(REGISTRY[name].defaults)
+    values.update(_per_algorithm(cfg).get(name, {}))
+  return Settings(values)
+
+
+def _per_algorithm(cfg) -> dict:
+  found = [o.value for o in options.walk(type(cfg), cfg)
+           if o.name == "per_algorithm"]
+  return found[0] if found else {}
+
+
+def check(cfg, used: tuple):
+  """Raises ValueError if `per_algorithm` names an algorithm not in `used`
+  or a setting that algorithm does not read (a likely typo)."""
+  for name, entries in _per_algorithm(cfg).items():
+    if name not in used:
+      raise ValueError(f"--per-algorithm names {name!r}, which this run does "
+                       f"not train ({', '.join(used)}).")
+    entry = REGISTRY[name]
+    ignored = [k for k in entries
+               if k not in entry.reads + RUN_SETTINGS]
+    if ignored:
+      raise ValueError(f"--per-algorithm {name}.{ignored[0]}: {entry.label} "
+                       f"does not read {ignored[0]!r}; it reads "
+                       f"{', '.join(entry.reads + RUN_SETTINGS)}.")
+
+
+def build(name: str, ctx: Context,
+          s: Optional[Settings] = None) -> prfl.algorithms.Algorithm:
+  """Algorithm `name` for `ctx` with settings `s` (default: all defaults)."""
+  if name not in REGISTRY:
+    raise ValueError(f"unknown algorithm {name!r}; known: "
+                     f"{', '.join(REGISTRY)}.")
+  if s is None:
+    s = settings(groups.Optim(), name)
+  return REGISTRY[name].build(ctx, s)
+
+
+def optimizer(s: Settings, momentum: Optional[float] = None):
+  """SGD with heavy-ball momentum (`s.momentum`, or `momentum`)."""
+  m = s.momentum if momentum is None else momentum
+  return optax.sgd(s.lr, momentum=m or None)
+
+
+def plan(s: Settings) -> prfl.ExecutionPlan:
+  chunk = None if s.chunk_size == "all" else s.chunk_size
+  return prfl.ExecutionPlan(chunk_size=chunk, kernel=s.kernel)
+
+
+def aggregator(s: Settings, num_byzantine: int):
+  """The robust aggregator of `s` (None for the plain mean)."""
+  make = {
+      "mean": lambda: None,
+      "median": prfl.aggregators.median,
+      "trimmed_mean": lambda: prfl.aggregators.trimmed_mean(s.trim_fraction),
+      # The defender is told the number of Byzantine clients.
+      "krum": lambda: prfl.aggregators.krum(num_byzantine),
+      "geometric_median": lambda: prfl.aggregators.geometric_median(
+          s.gm_iters),
+      "centered_clipping": lambda: prfl.aggregators.centered_clipping(
+          s.cc_radius, s.cc_iters),
+  }
+  return make[s.aggregator]()
+
+
+_AGGREGATION = ("aggregator", "trim_fraction", "gm_iters", "cc_radius",
+                "cc_iters")
+_CLUSTERING = ("quantile", "num_iters")
+
+
+@register("local", "Local")
+def _local(ctx, s):
+  return prfl.algorithms.local(ctx.loss_fn, optimizer(s))
+
+
+@register("global", "Global (FedAvg)", reads=_AGGREGATION)
+def _global(ctx, s):
+  return prfl.algorithms.fedavg(ctx.loss_fn, optimizer(s), attack=ctx.attack,
+                                aggregator=aggregator(s, ctx.num_byzantine))
+
+
+@register("ditto", "Ditto", reads=("ditto_lambda", "ditto_momentum",
+                                   "local_steps"))
+def _ditto(ctx, s):
+  """Ditto's optimizer has its own momentum (`ditto_momentum`, default 0:
+  plain SGD, as in Li et al. 2021): with heavy-ball momentum 0.9 and lambda =
+  1 its personal models diverged on Fashion-MNIST (personal loss 1.7 -> 11 in
+  300 rounds, 4 x 5 clients). Its FedAvg part restarts the optimizer every
+  round, so momentum acts there only with `local_steps` > 1."""
+  return prfl.algorithms.ditto(
+      ctx.loss_fn, optimizer(s, momentum=s.ditto_momentum),
+      lam=s.ditto_lambda, local_steps=s.local_steps, attack=ctx.attack)
+
+
+@register("ifca", "IFCA", reads=_AGGREGATION)
+def _ifca(ctx, s):
+  return prfl.algorithms.ifca(
+      ctx.loss_fn, optimizer(s), num_clusters=ctx.num_clusters,
+      attack=ctx.attack, **_initial_models(ctx),
+      aggregator=aggregator(s, ctx.num_byzantine))
+
+
+@register("ifca2", "IFCA (Option II)", reads=("local_steps",))
+def _ifca2(ctx, s):
+  return prfl.algorithms.ifca(
+      ctx.loss_fn, optimizer(s), num_clusters=ctx.num_clusters, option=2,
+      local_steps=s.local_steps, attack=ctx.attack, **_initial_models(ctx))
+
+
+def _initial_models(ctx) -> dict:
+  if ctx.init_models is not None:
+    return {"init_models": ctx.init_models}
+  return {"key": ctx.key}
+
+
+@register("knn", "kNN-Per", reads=("knn_lambda", "knn_k", "knn_temperature"))
+def _knn(ctx, s):
+  """kNN-Per's training phase (FedAvg); its kNN evaluation is the
+  experiment's (`experiments.training.knn_eval_fn`)."""
+  return prfl.algorithms.knn_per(ctx.loss_fn, optimizer(s), attack=ctx.attack)
+
+
+@register("fc", "FC (ours)", reads=_CLUSTERING + (
+    "groups", "fc_local_steps", "chunk_size", "kernel"))
+def _fc(ctx, s):
+  return prfl.algorithms.federated_clustering(
+      ctx.loss_fn, optimizer(s), radius=prfl.quantile_radius(s.quantile),
+      num_iters=s.num_iters, num_groups=s.groups or 1,
+      local_steps=s.fc_local_steps, attack=ctx.attack, plan=plan(s))
+
+
+@register("oracle", "Ground truth (oracle)")
+def _oracle(ctx, s):
+  return prfl.algorithms.oracle(ctx.loss_fn, optimizer(s),
+                                clusters=ctx.clusters)
+
+
+@register("cfl", "CFL", reads=("cfl_eps", "cfl_warmup", "local_steps"))
+def _cfl(ctx, s):
+  """CFL restarts its local optimizer every round: momentum acts only with
+  `local_steps` > 1."""
+  eps1, eps2 = s.cfl_eps
+  return prfl.algorithms.cfl(
+      ctx.loss_fn, optimizer(s), eps1=eps1, eps2=eps2,
+      max_clusters=2 * ctx.num_clusters, local_steps=s.local_steps,
+      warmup_rounds=s.cfl_warmup, attack=ctx.attack)
+
+
+@register("hypcluster", "HypCluster", reads=("local_steps",))
+def _hypcluster(ctx, s):
+  return prfl.algorithms.hypcluster(
+      ctx.loss_fn, optimizer(s), num_clusters=ctx.num_clusters,
+      local_steps=s.local_steps, attack=ctx.attack, **_initial_models(ctx))
+
+
+@register("myopic", "Myopic-Clustering", reads=_CLUSTERING + (
+    "clustering_method",))
+def _myopic(ctx, s):
+  """`clustering_method="gram"` (the default) reads every distance of a round
+  off one [N, N] Gram matrix: at N = 300 on the MNIST MLP a round takes 0.72 s
+  instead of 5.3 s with "direct" (one core, `benchmarks/bench_myopic.py`);
+  the results differ only by float rounding of the distances."""
+  return prfl.algorithms.myopic_clustering(
+      ctx.loss_fn, optimizer(s), num_clusters=ctx.num_clusters,
+      radius=prfl.quantile_radius(s.quantile), num_iters=s.num_iters,
+      attack=ctx.attack, method=s.clustering_method)
+
+
+@register("mc", "Momentum-Clustering", reads=_CLUSTERING + (
+    "clustering_method", "mc_alpha", "mc_lr_over_alpha"))
+def _mc(ctx, s):
+  """Momentum-Clustering's momentum is `m = alpha g + (1 - alpha) m` with
+  alpha = 1 - momentum by default; with the step lr / alpha this is exactly
+  heavy-ball SGD (lr, momentum) when every client is alone in its cluster, so
+  it gets the same step size as the others."""
+  alpha = 1.0 - s.momentum if s.mc_alpha is None else s.mc_alpha
+  lr = s.lr / alpha if s.mc_lr_over_alpha else s.lr
+  return prfl.algorithms.momentum_clustering(
+      ctx.loss_fn, optax.sgd(lr), num_clusters=ctx.num_clusters,
+      radius=prfl.quantile_radius(s.quantile), num_iters=s.num_iters,
+      alpha=alpha, attack=ctx.attack, method=s.clustering_method)
+
+
+for _name, _agg, _label in (
+    ("global_median", "median", "median"),
+    ("global_trimmed_mean", "trimmed_mean", "trimmed mean"),
+    ("global_krum", "krum", "Krum"),
+    ("global_gm", "geometric_median", "geometric median"),
+    ("global_cc", "centered_clipping", "centered clipping")):
+  register(_name, f"Global + {_label}", reads=_AGGREGATION,
+           aggregator=_agg)(_global)
+register("ifca_median", "IFCA + median", reads=_AGGREGATION,
+         aggregator="median")(_ifca)
+
+
+@dataclasses.dataclass(frozen=True)
+class Algorithms:
+  """Which algorithms run, and settings for one of them alone."""
+  algorithms: tuple[str, ...] = options.option(
+      ("local", "global", "ditto", "ifca", "knn", "fc", "oracle"),
+      "algorithms to run", choices=names())
+  per_algorithm: dict = options.option(
+      {}, "a setting for one algorithm alone, ALG.SETTING=VALUE (e.g. "
+      "fc.rounds=300; repeatable; [per_algorithm.fc] in files)",
+      choices=names(), groups=groups.SETTINGS)

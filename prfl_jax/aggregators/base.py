@@ -1,0 +1,150 @@
+"""What every aggregator shares: argument checks, present rows, distances.
+
+An aggregator is `agg(messages, weights=None) -> aggregate` (see the package
+docstring). This module holds the pieces the rules are built from; none of
+them is a rule itself.
+"""
+
+import functools
+import math
+import numbers
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from prfl_jax import tree as tree_lib
+from prfl_jax import validation
+
+PyTree = Any
+Aggregator = Callable[..., PyTree]
+
+
+def check_weights(weights, n: int):
+  """Shape check always; sign/finiteness checks on concrete weights."""
+  if np.shape(weights) != (n,):
+    raise ValueError(
+        f"`weights` must have shape [{n}] (one per message row), got "
+        f"{np.shape(weights)}.")
+  if not isinstance(weights, jax.core.Tracer):
+    w = np.asarray(weights, np.float64)
+    if not np.all(np.isfinite(w)) or np.any(w < 0):
+      raise ValueError(
+          f"`weights` must be finite and non-negative, got {weights!r}.")
+
+
+def weight_dtype(messages: PyTree):
+  """float32, or the widest float dtype among the leaves if wider."""
+  return functools.reduce(jnp.promote_types, [
+      x.dtype for x in jax.tree.leaves(messages)
+      if jnp.issubdtype(x.dtype, jnp.floating)], jnp.dtype(jnp.float32))
+
+
+def prepare(messages: PyTree, weights, finite_only: bool = True):
+  """Returns `(n, weights [N], present [N] bool, zeroed messages)`.
+
+  The weights are float32, or float64 for float64 messages.
+
+  `present` marks rows of positive weight (and finite entries when
+  `finite_only`); absent rows are replaced by zeros so that `0 * NaN` never
+  reaches a sum, and their weight is 0.
+  """
+  n = tree_lib.num_leading(messages, "messages")
+  dtype = weight_dtype(messages)
+  if weights is None:
+    weights = jnp.ones((n,), dtype)
+  else:
+    check_weights(weights, n)
+    weights = jnp.asarray(weights, dtype)
+  present = weights > 0
+  if finite_only:
+    present = present & tree_lib.all_finite(messages)
+  weights = jnp.where(present, weights, 0.0)
+  zeroed = tree_lib.where(present, messages,
+                          jax.tree.map(jnp.zeros_like, messages))
+  return n, weights, present, zeroed
+
+
+def check_positive_float(value, name: str):
+  if (isinstance(value, bool) or not isinstance(value, numbers.Real) or
+      not math.isfinite(value) or value <= 0):
+    raise ValueError(f"`{name}` must be a finite number > 0, got {value!r}.")
+
+
+def check_fraction(value, name: str, low: float, high: float):
+  """Raises ValueError unless `low <= value < high` (a real, not a bool)."""
+  if (isinstance(value, bool) or not isinstance(value, numbers.Real) or
+      not low <= value < high):
+    raise ValueError(f"`{name}` must be in [{low}, {high}), got {value!r}.")
+
+
+def check_num_byzantine(num_byzantine, n: int, rule: str, factor: int = 2,
+                        extra: int = 0):
+  """Raises ValueError unless `factor * f + extra < n` (f = num_byzantine).
+
+  Args:
+    num_byzantine: f.
+    n: the number of message rows N (static).
+    rule: the rule's name, quoted in the message.
+    factor, extra: the rule's requirement `n > factor * f + extra`.
+  """
+  validation.check_positive_int(num_byzantine, "num_byzantine", minimum=0)
+  if factor * num_byzantine + extra >= n:
+    raise ValueError(
+        f"`num_byzantine`={num_byzantine} is too large for {rule} with N={n} "
+        f"messages: {rule} needs N > {factor} * num_byzantine"
+        + (f" + {extra}" if extra else "") + ".")
+
+
+def pairwise_sq_distances(points: PyTree) -> jax.Array:
+  """`[N, N]` squared distances `||z_i - z_j||^2` of flattened pytrees.
+
+  From the Gram matrix at full float32 precision (`prfl_jax.tree.gram`), so
+  no `[N, N, P]` array is formed; clipped at 0 against round-off.
+  """
+  g = tree_lib.gram(points)
+  sq = jnp.diagonal(g)
+  return jnp.maximum(sq[:, None] + sq[None, :] - 2.0 * g, 0.0)
+
+
+def flatten(messages: PyTree) -> jax.Array:
+  """`[N, P]`: every row's leaves concatenated (in `jax.tree.leaves` order)."""
+  return jnp.concatenate([x.reshape(x.shape[0], -1)
+                          for x in jax.tree.leaves(messages)], axis=1)
+
+
+def unflatten(vector: jax.Array, like: PyTree) -> PyTree:
+  """Inverse of `flatten` for one row: `[P]` -> a pytree like `like[0]`."""
+  leaves, treedef = jax.tree.flatten(like)
+  out, offset = [], 0
+  for x in leaves:
+    size = int(np.prod(x.shape[1:]))
+    out.append(vector[offset:offset + size].reshape(x.shape[1:]).astype(
+        x.dtype))
+    offset += size
+  return jax.tree.unflatten(treedef, out)
+
+
+def nearest(d2: jax.Array, present: jax.Array, count) -> jax.Array:
+  """`[M, N]` bool: for each of M rows of distances, its `count` nearest
+  present columns (ties: lower index; `count` may be traced).
+
+  Args:
+    d2: `[M, N]` distances (any monotone transform of them).
+    present: `[N]` bool, the columns that may be chosen.
+    count: how many to choose per row (at most the present count).
+  """
+  n = d2.shape[1]
+  d2 = jnp.where(present[None, :], d2, jnp.inf)
+  order = jnp.lexsort((jnp.broadcast_to(jnp.arange(n), d2.shape), d2,
+                       ~jnp.broadcast_to(present, d2.shape)), axis=1)
+  rank = jnp.zeros_like(order).at[
+      jnp.arange(d2.shape[0])[:, None], order].set(jnp.arange(n)[None, :])
+  return (rank < count) & present[None, :]
+
+
+def selected_mean(zeroed: PyTree, weights: jax.Array,
+                  selected: jax.Array) -> PyTree:
+  """Weighted mean of the `selected` rows (`[N]` bool) of zeroed messages."""
+  return tree_lib.weighted_mean(zeroed, jnp.where(selected, weights, 0.0))

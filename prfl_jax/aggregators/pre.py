@@ -1,0 +1,257 @@
+"""Pre-aggregators: transforms of the messages placed in front of a rule.
+
+A pre-aggregator is a pure function
+
+  pre(messages, weights=None, key=None) -> (messages, weights)
+
+from N rows (leaves `[N, ...]`, optional `[N]` weights) to M rows (leaves
+`[M, ...]`, `[M]` float32 weights; M = N except for `bucketing`). Absent
+rows (weight 0, or any NaN/Inf entry) come out as zero rows of weight 0, so
+the rule after it never sees them. `compose(pre_1, ..., rule)` chains
+them in front of any aggregator; in front of Federated-Clustering they
+transform each model's N gradients before Threshold-Clustering.
+
+Counts (f, k) count present rows, as in the aggregators.
+"""
+
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+
+from prfl_jax import tree as tree_lib
+from prfl_jax import validation
+from prfl_jax.aggregators import base
+from prfl_jax.aggregators import neighbours
+
+PyTree = base.PyTree
+PreAggregator = Callable[..., tuple]
+
+
+def _scaled(zeroed: PyTree, scale: jax.Array) -> PyTree:
+  return jax.tree.map(
+      lambda x: x * scale.reshape((-1,) + (1,) * (x.ndim - 1)).astype(
+          x.dtype), zeroed)
+
+
+def _clip_to(zeroed: PyTree, threshold) -> PyTree:
+  """Every row times `min(1, threshold / ||x_i||)`."""
+  norms = jnp.sqrt(tree_lib.sq_norms(zeroed))
+  return _scaled(zeroed, jnp.where(
+      norms > threshold, threshold / jnp.maximum(norms, 1e-30), 1.0))
+
+
+def nnm(num_byzantine: int) -> PreAggregator:
+  """Nearest-neighbour mixing, NNM (Allouah et al., 2023, Algorithm 1).
+
+  Every present row i becomes the (weighted) mean of its n - f nearest
+  present rows, itself included (ties: lower index), n the present count:
+
+    NNM(x)_i = 1/(n - f) * sum_{j in N_i} x_j.
+
+  Args:
+    num_byzantine: f, with f < N.
+
+  Raises:
+    ValueError: on a negative `num_byzantine`; when traced, if `f >= N`.
+
+  References:
+    Allouah, Farhadkhani, Guerraoui, Gupta, Pinot and Stephan, 2023, "Fixing
+    by Mixing: A Recipe for Optimal Byzantine ML under Heterogeneity",
+    AISTATS, Algorithm 1; ByzFL's `NNM`.
+  """
+  validation.check_positive_int(num_byzantine, "num_byzantine", minimum=0)
+
+  def pre(messages, weights=None, key=None):
+    del key  # Unused.
+    n = tree_lib.num_leading(messages, "messages")
+    base.check_num_byzantine(num_byzantine, n, "NNM", factor=1)
+    n, weights, present, zeroed = base.prepare(messages, weights)
+    mixed = neighbours.neighbour_means(zeroed, weights, present,
+                                       jnp.arange(n),
+                                       jnp.sum(present) - num_byzantine)
+    return tree_lib.where(present, mixed, zeroed), weights
+  return pre
+
+
+def bucket_means(messages: PyTree, order: jax.Array, bucket_size: int,
+                 weights=None):
+  """Bucketing's averaging for a given order of the rows.
+
+  The present rows, taken in `order` (absent rows skipped), are cut into
+  consecutive buckets of `bucket_size` (the last one may be smaller); each
+  bucket's output row is the weighted mean of its members and its weight
+  the mean of their weights (1 for unit weights: every bucket counts once,
+  as in ByzFL). Returns `ceil(N / bucket_size)` rows; buckets left empty
+  (absent rows) have weight 0.
+
+  Args:
+    messages: leaves `[N, ...]`.
+    order: `[N]` permutation of the rows.
+    bucket_size: s >= 1.
+    weights: optional `[N]`.
+  """
+  validation.check_positive_int(bucket_size, "bucket_size")
+  n, weights, present, zeroed = base.prepare(messages, weights)
+  num_buckets = -(-n // bucket_size)
+  position = jnp.zeros((n,), jnp.int32).at[order].set(jnp.arange(n))
+  # Present rows first, in `order`; then the absent ones.
+  rank = jnp.argsort(jnp.lexsort((position, ~present)))
+  member = (rank[None, :] // bucket_size ==
+            jnp.arange(num_buckets)[:, None]) & present[None, :]  # [B, N]
+  coefs = jnp.where(member, weights[None, :], 0.0)
+  total = jnp.sum(coefs, axis=1)
+  means = tree_lib.combine(
+      coefs / jnp.where(total > 0, total, 1.0)[:, None], zeroed)
+  size = jnp.sum(member, axis=1)
+  return means, jnp.where(size > 0, total / jnp.maximum(size, 1), 0.0)
+
+
+def bucketing(bucket_size: int) -> PreAggregator:
+  """Bucketing (Karimireddy, He and Jaggi, 2022, Algorithm 1).
+
+  A uniformly random permutation pi of the rows (from `key`), then the means
+  of consecutive buckets of s rows (`bucket_means`):
+
+    Bucketing_s(x) = ( 1/s sum_{i=1}^{s} x_pi(i), 1/s sum_{i=s+1}^{2s}
+                       x_pi(i), ... ),
+
+  `ceil(N / s)` output rows.
+
+  Args:
+    bucket_size: s >= 1.
+
+  Raises:
+    ValueError: on `bucket_size < 1`, or when called without a key.
+
+  References:
+    Karimireddy, He and Jaggi, 2022, "Byzantine-Robust Learning on
+    Heterogeneous Datasets via Bucketing", ICLR, Algorithm 1; ByzFL's
+    `Bucketing`.
+  """
+  validation.check_positive_int(bucket_size, "bucket_size")
+
+  def pre(messages, weights=None, key=None):
+    if key is None:
+      raise ValueError("bucketing draws a random permutation: pass `key`.")
+    n = tree_lib.num_leading(messages, "messages")
+    return bucket_means(messages, jax.random.permutation(key, n),
+                        bucket_size, weights)
+  return pre
+
+
+def clipping(threshold: float) -> PreAggregator:
+  """Static clipping: `x_i * min(1, c / ||x_i||)` for every row (ByzFL's
+  `Clipping`; Karimireddy, He and Jaggi, 2021, discuss it as a baseline).
+
+  Args:
+    threshold: c > 0.
+
+  Raises:
+    ValueError: if `threshold` is not a finite number > 0.
+  """
+  base.check_positive_float(threshold, "threshold")
+
+  def pre(messages, weights=None, key=None):
+    del key  # Unused.
+    _, weights, _, zeroed = base.prepare(messages, weights)
+    return _clip_to(zeroed, threshold), weights
+  return pre
+
+
+def arc(num_byzantine: int) -> PreAggregator:
+  """Adaptive robust clipping, ARC (Allouah et al., 2024, Algorithm 1).
+
+  With n present rows, the k = floor(2 f (n - f) / n) largest norms are
+  clipped to the (n - k)-th smallest norm (the largest one left alone):
+  `x_i * min(1, ||x_pi(n-k)|| / ||x_i||)`, pi sorting the norms ascending.
+  k is computed in integers (ByzFL: `int((2 f / n) * (n - f))` in floats).
+
+  Args:
+    num_byzantine: f >= 0, with f <= N.
+
+  Raises:
+    ValueError: on a negative `num_byzantine`; when traced, if `f > N`.
+
+  References:
+    Allouah, Guerraoui, Gupta, Jellouli, Rizk and Stephan, 2024, "Boosting
+    Robustness by Clipping Gradients in Distributed Learning" (ARC),
+    Algorithm 1; ByzFL's `ARC`.
+  """
+  validation.check_positive_int(num_byzantine, "num_byzantine", minimum=0)
+
+  def pre(messages, weights=None, key=None):
+    del key  # Unused.
+    n = tree_lib.num_leading(messages, "messages")
+    base.check_num_byzantine(num_byzantine, n + 1, "ARC", factor=1)
+    _, weights, present, zeroed = base.prepare(messages, weights)
+    count = jnp.sum(present)
+    k = (2 * num_byzantine * (count - num_byzantine)) // jnp.maximum(count, 1)
+    norms = jnp.sqrt(tree_lib.sq_norms(zeroed))
+    ordered = jnp.sort(jnp.where(present, norms, jnp.inf))
+    threshold = ordered[jnp.clip(count - k - 1, 0, n - 1)]
+    return _clip_to(zeroed, threshold), weights
+  return pre
+
+
+def cap_duplicates(tolerance: float = 1e-3) -> PreAggregator:
+  """Near-identical rows share the weight of one: a cap on tied messages.
+
+  Row j is dropped (weight 0) when an earlier present row l < j is within
+  `tolerance * max(||x_j||, ||x_l||)` of it; so each group of identical rows
+  (and chains of near-identical ones) keeps one row, the lowest-indexed, at
+  its own weight. Honest stochastic gradients are never that close, while
+  the classic attacks send one vector from every Byzantine client (ALIE,
+  IPM, mimic's copies of a benign row): in front of Threshold-Clustering
+  the copies then count once, both in the quantile radius and in the
+  centre's average (the defence of Federated-Clustering, see
+  `docs/design.md`). An attacker can evade it only by spreading its points
+  apart, which `attacks.spread_edge` does. Distances come from the Gram
+  matrix (`pairwise_sq_distances`), which in float32 cannot tell apart rows
+  closer than about 3e-4 of their norm: the default tolerance is 1e-3.
+
+  Args:
+    tolerance: relative distance below which two rows are one, in [0, 1).
+
+  Raises:
+    ValueError: if `tolerance` is outside [0, 1).
+  """
+  base.check_fraction(tolerance, "tolerance", 0.0, 1.0)
+
+  def pre(messages, weights=None, key=None):
+    del key  # Unused.
+    n, weights, present, zeroed = base.prepare(messages, weights)
+    d = jnp.sqrt(base.pairwise_sq_distances(zeroed))
+    norms = jnp.sqrt(tree_lib.sq_norms(zeroed))
+    tied = d <= tolerance * jnp.maximum(norms[:, None], norms[None, :])
+    earlier = jnp.tril(tied & present[None, :], -1)
+    keep = present & ~jnp.any(earlier, axis=1)
+    return zeroed, jnp.where(keep, weights, 0.0)
+  return pre
+
+
+def compose(*stages) -> base.Aggregator:
+  """`compose(pre_1, ..., pre_m, rule)`: the rule after the pre-aggregators.
+
+  Returns `agg(messages, weights=None, key=None)`; `key` is split into one
+  key per pre-aggregator (needed by `bucketing`).
+
+  Raises:
+    ValueError: if no rule is given.
+    TypeError: if a stage is not callable.
+  """
+  if not stages:
+    raise ValueError("`compose` needs at least a rule.")
+  for stage in stages:
+    if not callable(stage):
+      raise TypeError(f"every stage must be callable, got {type(stage)}.")
+  pres, rule = stages[:-1], stages[-1]
+
+  def agg(messages: PyTree, weights: Optional[jax.Array] = None,
+          key: Optional[jax.Array] = None) -> PyTree:
+    keys = ([None] * len(pres) if key is None else
+            list(jax.random.split(key, max(len(pres), 1))))
+    for pre, k in zip(pres, keys):
+      messages, weights = pre(messages, weights, k)
+    return rule(messages, weights)
+  return agg

@@ -1,0 +1,262 @@
+"""Attacks whose strength is chosen every round against the defence in use.
+
+* `optimised_alie`, `optimised_ipm`: ByzFL's line search over the strength
+  tau of ALIE (`mu + tau * sd`) or IPM (`-tau * mu`), maximising an
+  objective, by default ByzFL's: the distance between the defender's
+  aggregate (Byzantine rows included) and the benign mean.
+* `min_max`, `min_sum` (Shejwalkar and Houmansadr, 2021): the largest
+  `gamma` for which `mu + gamma * p` stays as close to the benign rows as
+  they are to each other.
+
+`mu` and `sd` are the benign rows' coordinate-wise mean and standard
+deviation; every Byzantine client sends the same vector.
+"""
+
+import math
+import numbers
+from typing import Callable
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+
+from prfl_jax import clustering
+from prfl_jax import tree as tree_lib
+from prfl_jax import validation
+from prfl_jax.attacks import base
+
+Attack = base.Attack
+# objective(attacked messages [N, ...], honest messages [N, ...], byzantine
+# [N]) -> scalar to maximise.
+Objective = Callable
+
+
+def aggregator_objective(aggregator) -> Objective:
+  """ByzFL's: `||aggregator(attacked) - benign mean||`."""
+  def objective(attacked, honest, byzantine):
+    mean, _ = base.benign_stats(honest, byzantine)
+    out = aggregator(attacked)
+    return jnp.sqrt(tree_lib.sq_norms(jax.tree.map(
+        lambda a, m: (a - m)[None], out, mean))[0])
+  return objective
+
+
+def threshold_objective(radius, num_iters: int) -> Objective:
+  """Federated-Clustering's view: how far the attack moves the estimates.
+
+  Threshold-Clustering (the defender's `radius` and `num_iters`) is
+  started at every Byzantine client's honest message, as if it were a
+  benign owner of that cluster (`cluster_and_assign(method="gram")`: one
+  Gram matrix for all starts); the objective is the mean distance between
+  the estimates with and without the Byzantine rows.
+  """
+  clustering.check_radius(radius, 1)
+  validation.check_positive_int(num_iters, "num_iters")
+
+  def centres(points, starts, weights):
+    return clustering.cluster_and_assign(
+        points, starts, radius=radius, num_iters=num_iters, weights=weights,
+        method="gram")[0]
+
+  def objective(attacked, honest, byzantine):
+    n = byzantine.shape[0]
+    clean = centres(honest, honest, (~byzantine).astype(jnp.float32))
+    moved = centres(attacked, honest, jnp.ones((n,), jnp.float32))
+    gap = jnp.sqrt(tree_lib.sq_norms(jax.tree.map(jnp.subtract, moved,
+                                                  clean)))
+    return jnp.sum(jnp.where(byzantine, gap, 0.0)) / jnp.maximum(
+        jnp.sum(byzantine), 1)
+  return objective
+
+
+def _check_search(evals, start, delta, ratio):
+  validation.check_positive_int(evals, "evals")
+  for name, value in (("start", start), ("delta", delta)):
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real) or
+        not math.isfinite(value)):
+      raise ValueError(f"`{name}` must be a finite number, got {value!r}.")
+  if delta == 0:
+    raise ValueError("`delta` must be non-zero.")
+  if (isinstance(ratio, bool) or not isinstance(ratio, numbers.Real) or
+      not 0.5 < ratio < 1):
+    raise ValueError(f"`ratio` must be in (0.5, 1), got {ratio!r}.")
+
+
+def line_search(score, evals: int, start: float, delta: float,
+                ratio: float) -> jax.Array:
+  """ByzFL's search for the tau maximising `score(tau)` (jit-compatible).
+
+  Expansion from `start`: try `best + delta`; on improvement keep it and
+  double `delta`, else shrink `delta` by `ratio` and switch to contraction,
+  which tries `best + delta` and shrinks `delta` by `ratio` after every
+  try; `evals` evaluations in all (the first at `start`).
+  """
+  def body(_, carry):
+    best, best_y, step, expanding = carry
+    x = best + step
+    y = score(x)
+    better = y > best_y
+    best = jnp.where(better, x, best)
+    best_y = jnp.where(better, y, best_y)
+    step = jnp.where(expanding & better, 2.0 * step, ratio * step)
+    return best, best_y, step, expanding & better
+
+  init = (jnp.asarray(start, jnp.float32), score(jnp.asarray(
+      start, jnp.float32)), jnp.asarray(delta, jnp.float32),
+          jnp.asarray(True))
+  return lax.fori_loop(0, evals - 1, body, init)[0]
+
+
+def _optimised(direction, objective, evals, start, delta, ratio) -> Attack:
+  """Byzantine rows `base + tau * step` with tau from `line_search`."""
+  if not callable(objective):
+    raise TypeError(f"`objective` must be callable, got {type(objective)}.")
+  _check_search(evals, start, delta, ratio)
+
+  def attack(messages, byzantine, key):
+    del key  # Unused.
+    origin, step = direction(messages, byzantine)
+    vector = lambda tau: jax.tree.map(lambda o, s: o + tau * s, origin, step)
+    score = lambda tau: objective(
+        base.replace(messages, byzantine, vector(tau)), messages, byzantine)
+    tau = line_search(score, evals, start, delta, ratio)
+    return base.replace(messages, byzantine, vector(tau))
+  return attack
+
+
+def optimised_alie(objective: Objective, *, evals: int = 20,
+                   start: float = 0.0, delta: float = 10.0,
+                   ratio: float = 0.8) -> Attack:
+  """ALIE with its strength searched every round (ByzFL's Optimal ALIE).
+
+  Byzantine rows send `mu + tau * sd` (`sd` the sample standard deviation,
+  ddof 1, as in ByzFL), tau from `line_search` on `objective`.
+
+  Args:
+    objective: what to maximise, e.g. `aggregator_objective(median())` or,
+      against Federated-Clustering, `threshold_objective(radius, steps)`.
+    evals, start, delta, ratio: the search (ByzFL's defaults).
+
+  References:
+    Baruch, Baruch and Goldberg, 2019 (ALIE); ByzFL's
+    `Optimal_ALittleIsEnough` (Allouah et al., 2023).
+  """
+  def direction(messages, byzantine):
+    return base.benign_stats(messages, byzantine, ddof=1)
+  return _optimised(direction, objective, evals, start, delta, ratio)
+
+
+def optimised_ipm(objective: Objective, *, evals: int = 20,
+                  start: float = 0.0, delta: float = 10.0,
+                  ratio: float = 0.8) -> Attack:
+  """IPM with its strength searched every round (ByzFL's Optimal IPM).
+
+  Byzantine rows send `-tau * mu`, tau from `line_search` on `objective`.
+
+  Args:
+    objective, evals, start, delta, ratio: as in `optimised_alie`.
+
+  References:
+    Xie, Koyejo and Gupta, 2020 (IPM); ByzFL's
+    `Optimal_InnerProductManipulation`.
+  """
+  def direction(messages, byzantine):
+    mean, _ = base.benign_stats(messages, byzantine)
+    return jax.tree.map(jnp.zeros_like, mean), jax.tree.map(jnp.negative,
+                                                            mean)
+  return _optimised(direction, objective, evals, start, delta, ratio)
+
+
+_PERTURBATIONS = ("std", "unit", "sign")
+
+
+def _perturbation(kind: str, mean, std):
+  """Shejwalkar and Houmansadr's `p`: `-sd`, `-mu / ||mu||` or `-sign(mu)`."""
+  if kind == "std":
+    return jax.tree.map(jnp.negative, std)
+  if kind == "sign":
+    return jax.tree.map(lambda m: -jnp.sign(m), mean)
+  norm = jnp.sqrt(tree_lib.sq_norms(jax.tree.map(lambda m: m[None], mean)))[0]
+  return jax.tree.map(lambda m: -m / jnp.maximum(norm, 1e-30), mean)
+
+
+def _min_max_sum(use_sum: bool, perturbation: str, gamma_init: float,
+                 steps: int) -> Attack:
+  if perturbation not in _PERTURBATIONS:
+    raise ValueError(f"`perturbation` must be one of {_PERTURBATIONS}, got "
+                     f"{perturbation!r}.")
+  base_check = gamma_init
+  if (isinstance(base_check, bool) or not isinstance(base_check,
+                                                     numbers.Real) or
+      not math.isfinite(base_check) or base_check <= 0):
+    raise ValueError(f"`gamma_init` must be a number > 0, got {gamma_init!r}.")
+  validation.check_positive_int(steps, "steps")
+
+  def attack(messages, byzantine, key):
+    del key  # Unused.
+    benign = ~byzantine
+    mean, std = base.benign_stats(messages, byzantine)
+    p = _perturbation(perturbation, mean, std)
+    g = tree_lib.gram(messages)
+    sq = jnp.diagonal(g)
+    pair = benign[:, None] & benign[None, :]
+    d2 = jnp.where(pair, jnp.maximum(sq[:, None] + sq[None, :] - 2 * g, 0), 0)
+    bound = jnp.max(jnp.sum(d2, axis=1)) if use_sum else jnp.max(d2)
+
+    def fits(gamma):
+      bad = jax.tree.map(lambda m, s: (m + gamma * s)[None], mean, p)
+      gaps = tree_lib.sq_distances(messages, bad)[:, 0]
+      gaps = jnp.where(benign, gaps, 0.0)
+      return (jnp.sum(gaps) if use_sum else jnp.max(gaps)) <= bound
+
+    def body(_, carry):
+      gamma, step, good = carry
+      ok = fits(gamma)
+      good = jnp.where(ok, gamma, good)
+      gamma = jnp.where(ok, gamma + step / 2, gamma - step / 2)
+      return gamma, step / 2, good
+
+    g0 = jnp.asarray(gamma_init, jnp.float32)
+    # Their code: the first step is gamma_init itself, so the search spans
+    # (0, 2 gamma_init).
+    _, _, gamma = lax.fori_loop(0, steps, body, (g0, g0, 0.0 * g0))
+    return base.replace(messages, byzantine, jax.tree.map(
+        lambda m, s: m + gamma * s, mean, p))
+  return attack
+
+
+def min_max(perturbation: str = "std", *, gamma_init: float = 10.0,
+            steps: int = 30) -> Attack:
+  """Min-Max (Shejwalkar and Houmansadr, 2021, eq. (3)).
+
+  Byzantine rows send `mu + gamma * p` with the largest gamma (found by
+  `steps` halvings of a search in (0, 2 gamma_init), their Algorithm 1:
+  from gamma_init, step +-s/2 with s halving from gamma_init) such
+  that `max_i ||mu + gamma p - x_i|| <= max_{i, j} ||x_i - x_j||` over
+  benign i, j: the bad vector is no farther from any benign row than the
+  benign rows are from each other.
+
+  Args:
+    perturbation: p: `"std"` (`-sd`, their default), `"unit"` (`-mu /
+      ||mu||`) or `"sign"` (`-sign(mu)`).
+    gamma_init: the search's first gamma (> 0).
+    steps: halvings.
+
+  References:
+    Shejwalkar and Houmansadr, 2021, "Manipulating the Byzantine: Optimizing
+    Model Poisoning Attacks and Defenses for Federated Learning", NDSS.
+  """
+  return _min_max_sum(False, perturbation, gamma_init, steps)
+
+
+def min_sum(perturbation: str = "std", *, gamma_init: float = 10.0,
+            steps: int = 30) -> Attack:
+  """Min-Sum (Shejwalkar and Houmansadr, 2021, eq. (4)).
+
+  As `min_max`, with the condition `sum_i ||mu + gamma p - x_i||^2 <=
+  max_i sum_j ||x_i - x_j||^2` over benign rows.
+
+  Args:
+    perturbation, gamma_init, steps: as in `min_max`.
+  """
+  return _min_max_sum(True, perturbation, gamma_init, steps)

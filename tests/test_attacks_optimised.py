@@ -1,0 +1,171 @@
+"""The optimised and adaptive attacks: line search, Min-Max/Min-Sum, Fang,
+the spread ball-edge attack.
+
+Each is checked against a plain NumPy replay of its definition (ByzFL's
+line search replayed step by step; the bisection's condition on both sides
+of its answer), and the attacks on Krum and on the trimmed mean by what
+they promise (Krum picks a Byzantine row; the values lie beyond the benign
+extremes). Mutation seen to fail: Min-Max bounding the squared gaps by the
+largest plain (not squared) benign distance.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import prfl_jax as prfl
+from prfl_jax import attacks
+
+N, F = 10, 3
+
+
+def _messages(seed=0):
+  rng = np.random.default_rng(seed)
+  return {"a": jnp.asarray(rng.normal(size=(N, 3)) + 1.0, jnp.float32),
+          "b": jnp.asarray(rng.normal(size=(N, 2)), jnp.float32)}
+
+
+def _flat(t):
+  return np.concatenate([np.asarray(t["a"], np.float64).reshape(len(t["a"]), -1),
+                         np.asarray(t["b"], np.float64)], 1)
+
+
+BYZ = jnp.asarray(np.arange(N) >= N - F)
+
+
+def byzfl_line_search(score, evals=20, start=0.0, delta=10.0, ratio=0.8):
+  """ByzFL's expansion and contraction phases, in plain Python."""
+  best_x, best_y = start, score(start)
+  remaining = evals - 1
+  while remaining > 0:
+    y = score(best_x + delta)
+    remaining -= 1
+    if y > best_y:
+      best_x, best_y, delta = best_x + delta, y, 2 * delta
+    else:
+      delta *= ratio
+      break
+  while remaining > 0:
+    y = score(best_x + delta)
+    remaining -= 1
+    if y > best_y:
+      best_x, best_y = best_x + delta, y
+    delta *= ratio
+  return best_x
+
+
+@pytest.mark.parametrize("peak", [3.7, 23.7, 37.0, 75.0, 140.0, -5.0])
+def test_line_search_replays_byzfl(peak):
+  score = lambda t: -(t - peak) ** 2
+  ours = float(jax.jit(lambda: attacks.line_search(
+      lambda t: -(t - peak) ** 2, 20, 0.0, 10.0, 0.8))())
+  np.testing.assert_allclose(ours, byzfl_line_search(score), rtol=1e-5)
+
+
+def _np_objective_median(x, byz):
+  honest = x[~byz]
+  return lambda bad: np.linalg.norm(
+      np.median(np.concatenate([honest, np.repeat(bad[None], byz.sum(), 0)]),
+                axis=0) - honest.mean(0))
+
+
+@pytest.mark.parametrize("kind", ["alie", "ipm"])
+def test_optimised_attacks_replay_byzfl(kind):
+  """Against the median: tau from the replayed search, the NumPy objective."""
+  msgs = _messages()
+  x, byz = _flat(msgs), np.asarray(BYZ)
+  honest = x[~byz]
+  if kind == "alie":
+    vec = lambda t: honest.mean(0) + t * honest.std(0, ddof=1)
+    attack = attacks.optimised_alie(
+        attacks.aggregator_objective(prfl.aggregators.median()))
+  else:
+    vec = lambda t: -t * honest.mean(0)
+    attack = attacks.optimised_ipm(
+        attacks.aggregator_objective(prfl.aggregators.median()))
+  objective = _np_objective_median(x, byz)
+  tau = byzfl_line_search(lambda t: objective(vec(t)))
+  out = _flat(jax.jit(attack)(msgs, BYZ, jax.random.key(0)))
+  np.testing.assert_allclose(out[byz], np.repeat(vec(tau)[None], F, 0),
+                             rtol=1e-4, atol=1e-4)
+  np.testing.assert_array_equal(out[~byz], x[~byz])
+
+
+@pytest.mark.parametrize("use_sum", [False, True])
+def test_min_max_min_sum_take_the_largest_gamma_that_fits(use_sum):
+  msgs = _messages(1)
+  attack = attacks.min_sum() if use_sum else attacks.min_max()
+  out = _flat(jax.jit(attack)(msgs, BYZ, jax.random.key(0)))
+  x, byz = _flat(msgs), np.asarray(BYZ)
+  honest = x[~byz]
+  mu, p = honest.mean(0), -honest.std(0)
+  d2 = ((honest[:, None] - honest[None]) ** 2).sum(-1)
+  bound = d2.sum(1).max() if use_sum else d2.max()
+  gamma = np.linalg.norm(out[-1] - mu) / np.linalg.norm(p)
+  gaps = lambda g: ((honest - (mu + g * p)) ** 2).sum(1)
+  fits = lambda g: (gaps(g).sum() if use_sum else gaps(g).max()) <= bound
+  np.testing.assert_allclose(out[byz], np.repeat((mu + gamma * p)[None], F, 0),
+                             rtol=1e-4, atol=1e-4)
+  assert fits(gamma * (1 - 1e-4)) and not fits(gamma * (1 + 1e-3))
+
+
+def test_fang_trimmed_mean_goes_beyond_the_benign_extremes():
+  msgs = _messages(2)
+  out = _flat(attacks.fang_trimmed_mean(2.0)(msgs, BYZ, jax.random.key(0)))
+  x, byz = _flat(msgs), np.asarray(BYZ)
+  honest = x[~byz]
+  up = honest.mean(0) > 0
+  bad = out[byz]
+  assert np.all(bad[:, up] <= honest.min(0)[up] + 1e-6)
+  assert np.all(bad[:, ~up] >= honest.max(0)[~up] - 1e-6)
+
+
+def test_fang_krum_gets_a_byzantine_row_picked():
+  msgs = _messages(3)
+  out = attacks.fang_krum(F)(msgs, BYZ, jax.random.key(0))
+  chosen = _flat(jax.tree.map(lambda v: np.asarray(v)[None],
+                              prfl.aggregators.krum(F)(out)))[0]
+  np.testing.assert_allclose(chosen, _flat(out)[-1], rtol=1e-6)
+
+
+def test_spread_edge_at_angle_zero_is_threshold_edge():
+  msgs = _messages(4)
+  radius = prfl.quantile_radius(0.3)
+  tied = attacks.threshold_edge(radius)(msgs, BYZ, jax.random.key(0))
+  spread = attacks.spread_edge(radius, angle=0.0)(msgs, BYZ,
+                                                  jax.random.key(5))
+  np.testing.assert_allclose(_flat(spread), _flat(tied), rtol=1e-6)
+
+
+def test_spread_edge_keeps_the_distance_and_unties_the_points():
+  msgs = _messages(5)
+  radius = prfl.quantile_radius(0.3)
+  tied = _flat(attacks.threshold_edge(radius)(msgs, BYZ, jax.random.key(0)))
+  spread = _flat(attacks.spread_edge(radius, angle=0.6)(msgs, BYZ,
+                                                        jax.random.key(1)))
+  est = _flat(prfl.threshold_clustering(
+      msgs, msgs, radius=radius, weights=(~BYZ).astype(jnp.float32)))
+  byz = np.asarray(BYZ)
+  np.testing.assert_allclose(np.linalg.norm(spread - est, axis=1)[byz],
+                             np.linalg.norm(tied - est, axis=1)[byz],
+                             rtol=1e-4)
+  _, w = prfl.aggregators.cap_duplicates()({"x": jnp.asarray(spread[byz])})
+  np.testing.assert_array_equal(w, np.ones(F))
+
+
+def test_threshold_objective_is_zero_without_an_attack():
+  msgs = _messages(6)
+  objective = attacks.threshold_objective(prfl.quantile_radius(0.3), 5)
+  assert float(objective(msgs, msgs, jnp.zeros((N,), bool))) == 0.0
+
+
+@pytest.mark.parametrize("make", [
+    lambda: attacks.optimised_alie(None), lambda: attacks.min_max("cube"),
+    lambda: attacks.min_sum(gamma_init=0.0),
+    lambda: attacks.optimised_ipm(lambda *a: 0.0, ratio=1.0),
+    lambda: attacks.fang_trimmed_mean(1.0), lambda: attacks.fang_krum(-1),
+    lambda: attacks.spread_edge(1.0, angle=2.0)])
+def test_bad_arguments_raise(make):
+  with pytest.raises((ValueError, TypeError)):
+    make()
