@@ -283,7 +283,7 @@ def test_auto_kernel_picks_ghost_only_where_it_applies():
       kernels.ExecutionPlan(kernel=kernel), loss, params, batch,
       messages=messages)
   assert resolve(_loss).plan == kernels.ExecutionPlan(
-      tolerances.default_chunk(), "ghost")
+      tolerances.default_chunk(N), "ghost")
   assert resolve(_loss, messages=True).kernel == "gram"
   assert resolve(_loss, kernel="direct").kernel == "direct"
   assert prfl.ExecutionPlan() == ("auto", "auto")
@@ -295,7 +295,7 @@ def test_auto_kernel_picks_ghost_only_where_it_applies():
   ref = kernels.cluster_at_models(
       _loss, params, batch, radius=1.0, num_iters=2, message_fn=flip,
       key=jax.random.PRNGKey(0),
-      plan=prfl.ExecutionPlan(tolerances.default_chunk(), "gram"))
+      plan=prfl.ExecutionPlan(tolerances.default_chunk(N), "gram"))
   jax.tree.map(np.testing.assert_array_equal, out.centers, ref.centers)
 
 

@@ -302,7 +302,7 @@ def test_no_recognised_layer_falls_back_and_warns_once():
         loss, p, b, radius=1.0, num_iters=3))(params, batch)
             for _ in range(2)]
     plan = kernels.resolve_plan(kernels.ExecutionPlan(), loss, params, batch)
-  assert plan.plan == kernels.ExecutionPlan(tolerances.default_chunk(),
+  assert plan.plan == kernels.ExecutionPlan(tolerances.default_chunk(N),
                                             "gram")
   found = [w for w in caught if "found no dense" in str(w.message)]
   assert len(found) == 1, [str(w.message) for w in caught]

@@ -19,7 +19,8 @@ Layout (adding a kernel or a layer rule is one module):
   ghost.py    Gram matrices from layer tokens, no per-client weight gradients.
   trace.py    finds a loss's layers in its jaxpr; the tapped interpreter.
   rules.py    the layer-rule protocol; dense.py and conv.py implement it;
-              pool.py registers a faster max-pooling for the interpreter.
+              pool.py and conv_cpu.py register faster max-pooling and
+              convolutions for the interpreter on XLA:CPU.
 
 `loss_fn(params, batch) -> scalar` is written for ONE client: unstacked params
 and that client's batch (leaves `[B, ...]`); any Flax, Equinox or plain-JAX
@@ -28,6 +29,7 @@ loss works, and the ghost kernel finds its dense and convolution layers.
 
 from prfl_jax.kernels import base
 from prfl_jax.kernels import conv  # noqa: F401  (registers its rule)
+from prfl_jax.kernels import conv_cpu  # noqa: F401  (XLA:CPU convolutions)
 from prfl_jax.kernels import dense  # noqa: F401  (registers its rule)
 from prfl_jax.kernels import direct  # noqa: F401  (registers its kernel)
 from prfl_jax.kernels import engine
@@ -62,6 +64,7 @@ def check_plan(plan: ExecutionPlan, *, messages: bool = False):
 __all__ = [
     "ExecutionPlan", "KERNELS", "Kernel", "PairsOutput", "ResolvedPlan",
     "check_plan", "cluster_at_models", "estimate_model_bytes", "resolve_plan",
-    "base", "conv", "dense", "direct", "engine", "ghost", "gram", "plan",
+    "base", "conv", "conv_cpu", "dense", "direct", "engine", "ghost", "gram",
+    "plan",
     "pool", "resolve", "rules", "trace",
 ]

@@ -38,6 +38,7 @@ from typing import Any, NamedTuple, Optional, Tuple
 import jax
 from jax import lax
 import jax.numpy as jnp
+import numpy as np
 
 from prfl_jax import tree as tree_lib
 from prfl_jax.kernels import base
@@ -139,18 +140,46 @@ def _float(x: jax.Array) -> jax.Array:
   return x.astype(jnp.promote_types(x.dtype, jnp.float32))
 
 
-def _input_tokens(group: trace.LayerGroup, xs: dict) -> jax.Array:
-  """`a [N, G, M, p']` of a layer group from its sites' inputs `[N, ...]`."""
+def _input_tokens(group: trace.LayerGroup, xs: dict,
+                  bias_column: bool = True) -> jax.Array:
+  """`a [N, G, M, p']` of a layer group from its sites' inputs `[N, ...]`.
+
+  With `bias_column`, a group with a bias gets the column `p` that is 1 on
+  the tokens of the sites with the bias added (`_bias_mask`), else `p' = p`.
+  """
   parts = []
   for s in group.sites:
     zeros = jnp.zeros(s.out_aval.shape, s.out_aval.dtype)
     a = jax.vmap(lambda x, l=s.layer, z=zeros: l.tokens(x, z)[0])(xs[s.path])
-    a = _float(a)
-    if group.bias is not None:
-      ones = jnp.full(a.shape[:-1] + (1,), 1.0 if s.bias else 0.0, a.dtype)
-      a = jnp.concatenate([a, ones], axis=-1)
-    parts.append(a)
-  return jnp.concatenate(parts, axis=2)
+    parts.append(_float(a))
+  a = jnp.concatenate(parts, axis=2)
+  if group.bias is not None and bias_column:
+    mask = jnp.asarray(_bias_mask(group), a.dtype)
+    a = jnp.concatenate(
+        [a, jnp.broadcast_to(mask[:, None], a.shape[:-1] + (1,))], axis=-1)
+  return a
+
+
+def _bias_mask(group: trace.LayerGroup) -> np.ndarray:
+  """`[M]`: 1 on the tokens of the sites with the group's bias, else 0."""
+  return np.concatenate([
+      np.full(s.layer.tokens_per_call, 0.0 if s.bias is None else 1.0)
+      for s in group.sites])
+
+
+def _materialised(group: trace.LayerGroup, xs: dict, d: jax.Array):
+  """`[N, G, p', q]`: every client's `a^T d`, the bias row as `sum_m d`.
+
+  The bias row is summed from `d` rather than multiplied by a column of
+  ones, which would copy the `[N, G, M, p]` tokens once more.
+  """
+  w = jnp.einsum("ngmp,ngmq->ngpq", _input_tokens(group, xs, False), d,
+                 precision=_HIGHEST)
+  if group.bias is None:
+    return w
+  mask = jnp.asarray(_bias_mask(group), d.dtype)
+  bias = jnp.einsum("ngmq,m->ngq", d, mask, precision=_HIGHEST)
+  return jnp.concatenate([w, bias[:, :, None, :]], axis=2)
 
 
 def _output_tokens(group: trace.LayerGroup, xs: dict, dys: dict) -> jax.Array:
@@ -283,8 +312,7 @@ def ghost_grads(ctx: Context, x_i: PyTree, batch: PyTree) -> GhostGrads:
                         for k in range(g.layer.groups))
       tokens.append((a, d))
     else:
-      w = jnp.einsum("ngmp,ngmq->ngpq", _input_tokens(g, xs), d,
-                     precision=_HIGHEST)
+      w = _materialised(g, xs, d)
       materialised.update(jax.vmap(
           lambda wj, g=g: _leaf_grads(g, analysis, wj))(w))
   gram = gram + tree_lib.gram(materialised)

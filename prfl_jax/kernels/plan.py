@@ -7,13 +7,18 @@ summation order):
 * `chunk_size`: models per `lax.map` step. `None`: one nested vmap over all
   models and clients; `1`: one model at a time (a plain `lax.map`); `c`: chunks
   of c models, each a nested vmap, so peak memory is `O(c)` models' work.
-  `"auto"` (the default) picks it from the backend, deterministically:
-  chunk 1 on CPU (the fastest and smallest measured there); on a GPU or TPU
-  the full vmap if the estimated work of all models fits in
-  `MEMORY_FRACTION` of the device's memory (`bytes_limit` of
-  `jax.devices()[0].memory_stats()`, or `DEFAULT_BUDGET_BYTES` where the
-  backend does not report it), else the largest power-of-two chunk that fits
-  (at least 1).
+  `"auto"` (the default) picks it from the backend and the loss,
+  deterministically. On a GPU or TPU: the full vmap if the estimated work
+  of all models fits in `MEMORY_FRACTION` of the device's memory
+  (`bytes_limit` of `jax.devices()[0].memory_stats()`, or
+  `DEFAULT_BUDGET_BYTES` where the backend does not report it), else the
+  largest power-of-two chunk that fits (at least 1). On CPU: chunk 1 for a
+  loss with a convolution, since a vmap over models turns a convolution
+  with a per-model kernel into a grouped convolution, which XLA:CPU runs
+  several times slower than one model at a time; otherwise (dense layers,
+  whose per-model products batch into larger GEMMs) `CPU_CHUNK` models, or
+  fewer if their estimated work does not fit in the budget
+  (`benchmarks/README.md` has the measurements).
 * `kernel`: `"gram"`, `"direct"`, `"ghost"` (see `prfl_jax.kernels`), a
   `kernels.Kernel` (e.g. `ghost.kernel(split=True)`, a variant of a
   registered kernel), or `"auto"`: the ghost kernel when the loss has a
@@ -32,8 +37,10 @@ AUTO = "auto"
 # Share of the device's memory the round's per-model work may take; the rest
 # is for the stacked params, optimizer state, batch and XLA's own buffers.
 MEMORY_FRACTION = 0.4
-# Budget on an accelerator that does not report its memory.
+# Budget on a device that does not report its memory (XLA:CPU does not).
 DEFAULT_BUDGET_BYTES = 4 * 2**30
+# Models per chunk on CPU for a loss without convolutions.
+CPU_CHUNK = 4
 
 
 class ExecutionPlan(NamedTuple):
@@ -91,22 +98,29 @@ def memory_budget(device=None) -> int:
   return int(MEMORY_FRACTION * limit) if limit else DEFAULT_BUDGET_BYTES
 
 
-def default_chunk_size(per_model_bytes: int, num_models: int,
-                       device=None) -> Optional[int]:
+def default_chunk_size(per_model_bytes: int, num_models: int, device=None,
+                       *, convolutions: bool = False) -> Optional[int]:
   """The `chunk_size` that `"auto"` stands for (see module docstring).
 
   Args:
     per_model_bytes: estimated memory of one model's work.
     num_models: models in the round.
     device: the device (default: `jax.devices()[0]`).
+    convolutions: whether the loss has a convolution.
 
   Returns:
-    1 on CPU; on an accelerator None (all models at once) or a power of two.
+    None (all models at once) or a positive integer: on an accelerator a
+    power of two; on CPU 1 with `convolutions`, else at most `CPU_CHUNK`.
   """
   device = device or jax.devices()[0]
-  if device.platform == "cpu":
-    return 1
   budget = memory_budget(device)
+  if device.platform == "cpu":
+    if convolutions:
+      return 1
+    chunk = min(CPU_CHUNK, num_models)
+    while chunk > 1 and chunk * per_model_bytes > budget:
+      chunk //= 2
+    return None if chunk >= num_models else chunk
   if num_models * per_model_bytes <= budget:
     return None
   chunk = 1

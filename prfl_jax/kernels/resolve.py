@@ -12,6 +12,7 @@ import weakref
 from typing import NamedTuple, Optional, Union
 
 import jax
+from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
@@ -87,6 +88,20 @@ def estimate_model_bytes(analysis: trace.Analysis, kernel: str,
   return n * (2 * acts + 3 * (params - covered)) + extra
 
 
+def _uses(analysis: trace.Analysis, primitive) -> bool:
+  """Whether the loss's jaxpr has an equation of `primitive` (at any depth
+  of call-like equations)."""
+  def walk(jaxpr) -> bool:
+    for eqn in jaxpr.eqns:
+      if eqn.primitive is primitive:
+        return True
+      inner = trace.inner_jaxpr(eqn)
+      if inner is not None and walk(inner[0]):
+        return True
+    return False
+  return walk(analysis.closed.jaxpr)
+
+
 def _auto_kernel(loss_fn, analysis: trace.Analysis, messages: bool) -> str:
   """`"ghost"` for a loss with a recognised layer and no attack, else Gram."""
   if messages:
@@ -132,8 +147,7 @@ def resolve_plan(plan: Union[plan_lib.ExecutionPlan, ResolvedPlan], loss_fn,
   kernel, chunk = plan.kernel, plan.chunk_size
   auto_kernel = kernel == plan_lib.AUTO
   needs_analysis = (
-      (auto_kernel and not messages) or
-      (chunk == plan_lib.AUTO and jax.devices()[0].platform != "cpu") or
+      (auto_kernel and not messages) or chunk == plan_lib.AUTO or
       (not auto_kernel and plan_lib.lookup(kernel,
                                            base.KERNELS).needs_analysis))
   analysis = (trace.analyse(loss_fn, _one(params), _one(batch))
@@ -143,7 +157,7 @@ def resolve_plan(plan: Union[plan_lib.ExecutionPlan, ResolvedPlan], loss_fn,
   if chunk == plan_lib.AUTO:
     n = tree_lib.num_leading(batch, "batch")
     m = num_models or tree_lib.num_leading(params, "params")
-    per_model = (0 if analysis is None else
-                 estimate_model_bytes(analysis, kernel, n))
-    chunk = plan_lib.default_chunk_size(per_model, m)
+    chunk = plan_lib.default_chunk_size(
+        estimate_model_bytes(analysis, kernel, n), m,
+        convolutions=_uses(analysis, lax.conv_general_dilated_p))
   return ResolvedPlan(chunk, kernel, analysis)
