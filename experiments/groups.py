@@ -19,8 +19,9 @@ class Run:
   out: Optional[str] = option(
       None, "output directory (auto: results/<experiment>/...); checked "
       "writable before anything runs")
-  smoke: bool = option(False, "a run of seconds on tiny sizes (the "
-                       "experiment's configs/<name>/smoke.toml)")
+  smoke: bool = option(False, "every code path on tiny sizes, most of the "
+                       "time compiling (the experiment's "
+                       "configs/<name>/smoke.toml; not a result)")
   plots: bool = option(True, "write the figures (PNG)")
   progress: str = option("auto", "progress display: a bar (tqdm), lines, or "
                          "off; auto: a bar on a terminal, else lines",

@@ -1,7 +1,9 @@
 """experiments/sweep.py: a grid from a file, vmapped where it can be.
 
 Mutations seen to fail these tests: `TRACED` emptied (every grid point its
-own program), the grid's last option varying slowest (`points`).
+own program), the grid's last option varying slowest (`points`), a program's
+results handed to its grid points in reverse order (`run_programs`; the
+smoke table's values were only range-checked before, issue 21).
 """
 
 import json
@@ -66,3 +68,12 @@ def test_smoke_grid_is_one_program_per_task_and_one_table(tmp_path):
   assert saved["config"]["grid"] == {"lr": [0.05, 0.1],
                                      "quantile": [0.1, 0.2]}
   assert len(list((out / "tensorboard" / "rotation" / "fc").iterdir())) == 4
+  # A grid point's numbers are those of the same point swept alone (the
+  # keys do not depend on the grid): here to the bit.
+  alone = sweep.main(["--smoke", "--grid", "lr=0.1", "--grid",
+                      "quantile=0.2", "--out", str(tmp_path / "one"),
+                      "--progress", "off", "--no-tensorboard"])
+  (one,) = alone["rotation"]["fc"]
+  assert one["point"] == rows[3]["point"] == {"lr": 0.1, "quantile": 0.2}
+  assert (one["accuracy"], one["loss"]) == (rows[3]["accuracy"],
+                                            rows[3]["loss"])

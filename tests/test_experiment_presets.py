@@ -1,0 +1,140 @@
+"""Every committed result has a committed config file that holds its settings.
+
+Each results directory's `config.json` (what the run resolved) is compared,
+option by option, with its preset resolved the same way; the runs that
+predate the options layer wrote their `config.json` under the old names,
+which `OLD_NAMES` maps. Seen to fail with `quantile = 0.2` in
+`configs/byzantine/digits_grid.toml` (the grid ran 0.15), with `groups = 4`
+dropped from `COMMITTED`'s groups-4 run, and with a results directory added
+without a preset.
+"""
+
+import glob
+import json
+import math
+import os
+
+import pytest
+
+from experiments import byzantine
+from experiments import cifar10
+from experiments import cifar100
+from experiments import cli
+from experiments import failure_modes
+from experiments import mnist
+from experiments import options
+from experiments import sweep
+from experiments import synthetic
+from experiments import threshold_clustering
+
+RESULTS = os.path.join(os.path.dirname(cli.CONFIGS), "results")
+EXPERIMENTS = {e.name: e for e in (
+    mnist.EXPERIMENT, byzantine.EXPERIMENT, cifar10.EXPERIMENT,
+    cifar100.EXPERIMENT, synthetic.EXPERIMENT, threshold_clustering.EXPERIMENT,
+    failure_modes.EXPERIMENT, sweep.EXPERIMENT)}
+_FASHION_FC = ["--tasks", "rotation", "--algorithms", "fc,oracle", "--rounds",
+               "100"]
+# Results directory -> (experiment, preset, flags typed after it).
+COMMITTED = {
+    "mnist/digits": ("mnist", "digits", []),
+    "mnist/fashion_mnist": ("mnist", "paper", []),
+    "mnist/fashion_rotation_fc_groups16": ("mnist", "paper", _FASHION_FC),
+    "mnist/fashion_rotation_fc_groups4": ("mnist", "paper",
+                                          _FASHION_FC + ["--groups", "4"]),
+    "mnist/fashion_rotation_fc_groups4_300": (
+        "mnist", "paper", ["--tasks", "rotation", "--algorithms", "fc",
+                           "--groups", "4"]),
+    "byzantine/digits_grid": ("byzantine", "digits_grid", []),
+    "byzantine/digits_figure6": ("byzantine", "digits_figure6", []),
+    "byzantine/digits_figure6_q010": ("byzantine", "digits_figure6_q010", []),
+    "cifar10": ("cifar10", "fashion_mlp", []),
+    "cifar100": ("cifar100", "fashion_mlp", []),
+    "cifar100_cnn": ("cifar100", "fashion_cnn", []),
+    "synthetic": ("synthetic", "figures2_3", []),
+    "threshold_clustering": ("threshold_clustering", "figure7_theorem1", []),
+    "failure_modes": ("failure_modes", "examples", []),
+    "sweep/digits_fc_lr_quantile": ("sweep", "digits_fc_lr_quantile", []),
+}
+# The names of the runs before the options layer, per experiment.
+_COMMON = {"num_clusters": "clusters", "num_rounds": "rounds",
+           "num_groups": "groups", "ditto_lam": "ditto_lambda",
+           "methods": "algorithms"}
+OLD_NAMES = {
+    "cifar10": {**_COMMON, "quantiles": "panel_quantiles",
+                "local_steps": "panel_local_steps"},
+    "cifar100": _COMMON, "mnist": _COMMON, "byzantine": _COMMON,
+    "synthetic": _COMMON}
+# Old entries that are no option: how the old code wrote things down.
+NOT_OPTIONS = {"no_plots", "no_sweeps", "synthetic_classes", "plan",
+               "schedule", "num_clients", "knn_lam"}
+# The old Byzantine runs carried every baseline's settings in their `hyper`;
+# none of those baselines ran there.
+UNUSED = {"byzantine": {"local_steps", "knn_temperature", "cfl_eps",
+                        "cfl_warmup", "ditto_lambda", "knn_k"}}
+# Options a committed run set otherwise, and why that does not matter.
+DIFFERENT = {("byzantine/digits_figure6", "part"):
+             "ran as `both`; only its Figure 6 files are committed"}
+# Output and display: where and how a run wrote, not what it computed.
+RUN_ONLY = {"out", "smoke", "plots", "progress", "tensorboard"}
+
+
+def _resolved(name, argv):
+  exp = EXPERIMENTS[name]
+  cfg, _ = cli.parse(exp.config, argv)
+  if name.startswith("cifar") and cfg.data.dataset != "synthetic":
+    return cfg  # Resolving checks that the data are on this machine.
+  return exp.resolve(cfg)
+
+
+def _old_values(name: str, saved: dict) -> dict:
+  """A pre-options-layer config as option name -> value."""
+  flat = {k: v for k, v in saved.get("hyper", {}).items()
+          if k != "num_groups"}  # The unresolved default; `sizes` has it.
+  flat.update({k: v for k, v in saved.items() if k not in ("hyper", "sizes")})
+  for part in saved.get("sizes", {}).values():
+    flat.update(part)
+  if name == "synthetic":  # [K, N] pairs, now "KxN".
+    flat["settings"] = [f"{k}x{n}" for k, n in flat["settings"]]
+  names = OLD_NAMES.get(name, {})
+  return {names.get(k, k): v for k, v in flat.items()}
+
+
+def _same(a, b) -> bool:
+  if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+    return len(a) == len(b) and all(map(_same, a, b))
+  if isinstance(a, float) or isinstance(b, float):
+    return isinstance(a, (int, float)) and isinstance(b, (int, float)) and (
+        math.isclose(a, b, rel_tol=1e-12))
+  return a == b
+
+
+def test_every_committed_result_has_its_preset():
+  found = {os.path.relpath(os.path.dirname(p), RESULTS) for p in glob.glob(
+      os.path.join(RESULTS, "**", "config.json"), recursive=True)}
+  assert found == set(COMMITTED)
+  for name, preset, _ in COMMITTED.values():
+    assert os.path.exists(cli.preset(name, preset)), (name, preset)
+
+
+@pytest.mark.parametrize("result", sorted(COMMITTED))
+def test_preset_holds_the_committed_runs_settings(result):
+  name, preset, flags = COMMITTED[result]
+  with open(os.path.join(RESULTS, result, "config.json")) as f:
+    saved = json.load(f)["config"]
+  new = options.to_dict(_resolved(
+      name, ["--config", cli.preset(name, preset)] + flags))
+  if set(saved) <= set(new):  # Written by the options layer.
+    old = saved
+  else:
+    old = _old_values(name, saved)
+    unknown = (set(old) - set(new) - NOT_OPTIONS - RUN_ONLY -
+               UNUSED.get(name, set()))
+    assert not unknown, f"old entries not mapped to an option: {unknown}"
+  compared = 0
+  for key, value in old.items():
+    if (key in RUN_ONLY or key not in new or new[key] is None or
+        (result, key) in DIFFERENT):
+      continue  # An automatic value the preset leaves to the experiment.
+    assert _same(value, new[key]), (key, value, new[key])
+    compared += 1
+  assert compared >= 8, compared
