@@ -1,17 +1,19 @@
 """`train`: a federated run as jitted `lax.scan` chunks between evaluations.
 
 Rounds are grouped into chunks of `eval_every` rounds; each chunk is one XLA
-program (a `lax.scan` over rounds, batches sampled inside it) that ends with a
-personalized evaluation: every client's model on its own test data, averaged
-over benign clients and per true cluster. Between chunks the host prints
-progress (round, metrics, time left) and may save a checkpoint. The chunk
-compiles once; a shorter last chunk (when `eval_every` does not divide
-`num_rounds`) compiles once more.
+program (a `lax.while_loop` over rounds, batches sampled inside it) that ends
+with a personalized evaluation: every client's model on its own test data,
+averaged over benign clients and per true cluster. Between chunks the host
+prints progress (round, metrics, time left) and may save a checkpoint. The
+chunk compiles once; a shorter last chunk runs the same program.
 
 Round r (counted from 0 over the whole run, i.e. `state.round` before it)
 draws all its randomness (mini-batches, FC's groups, attack noise) from
-`jax.random.fold_in(key, r)`: results depend neither on `eval_every` nor on
-where a run was stopped and resumed.
+`jax.random.fold_in(key, r)`, and the number of rounds a chunk runs is known
+only at run time, so every round runs the same compiled loop body whatever
+the chunk length (a one-round `lax.scan` is inlined and fused differently,
+which moved results in the last bit): results depend neither on `eval_every`
+nor on where a run was stopped and resumed.
 """
 
 import math
@@ -26,6 +28,8 @@ import numpy as np
 
 from prfl_jax import checkpoint
 from prfl_jax import sharding
+from prfl_jax import train_checks as checks
+from prfl_jax import validation
 from prfl_jax.algorithms import base
 from prfl_jax.algorithms import cluster_models
 from prfl_jax import participation
@@ -100,14 +104,6 @@ def check_eval_fn(eval_fn: EvalFn, params: PyTree, test: PyTree):
           f"client; entry {name!r} is {v}.")
 
 
-def _check_clusters(clusters: np.ndarray):
-  if not (np.issubdtype(clusters.dtype, np.integer) and
-          (clusters.size == 0 or clusters.min() >= 0)):
-    raise ValueError(
-        "`data.clusters` must hold non-negative integer cluster ids, got "
-        f"dtype {clusters.dtype} with values {np.unique(clusters)[:10]}.")
-
-
 def _format(metrics: dict) -> str:
   parts = []
   for name, v in sorted(metrics.items()):
@@ -139,8 +135,11 @@ def train(algorithm: base.Algorithm, params: PyTree,
       `data.num_examples`, batches are `prfl.data.Padded` (see
       `prfl.data.sample_batch`).
     eval_fn: `eval_fn(params, test) -> {name: scalar}` for one client.
-    eval_every: rounds per compiled chunk / between evaluations (default: about
-      20 evaluations per run); does not change the results.
+    eval_every: rounds per compiled chunk / between evaluations; does not
+      change the results. Default: `ceil(R / 20)` where R counts the rounds
+      from round 0 to the end of this call (`initial_state.round +
+      num_rounds`), so a run evaluates about 20 times, and a resume keeps the
+      chunk length of the run it continues.
     byzantine: optional `[N]` bool mask of malicious clients. It is part of
       the state: with `initial_state`, it may only repeat the state's mask.
     initial_state: resume from this state (e.g. `prfl.checkpoint.restore`d)
@@ -149,7 +148,10 @@ def train(algorithm: base.Algorithm, params: PyTree,
     checkpoint_path: if set, a directory where `prfl.checkpoint.save` stores
       the state after every chunk (orbax, with checksums), so an interrupted
       run can resume; checked writable before the first round. A fresh run
-      (no `initial_state`) needs a directory without checkpoints.
+      (no `initial_state`) needs a directory without checkpoints. Every
+      checkpoint records what a resume must repeat (`key`, `batch_size`, the
+      training data's shapes, the algorithm and its settings); a resume into
+      the same directory that differs in any of them is refused, naming it.
     verbose: print progress after every chunk.
     log: where progress lines go (default: stderr).
     donate: donate each chunk's input state to XLA, so that the new state is
@@ -168,48 +170,60 @@ def train(algorithm: base.Algorithm, params: PyTree,
   Raises:
     ValueError/TypeError: on inconsistent arguments (also `eval_fn` not
       returning a dict of scalars, a `byzantine` mask that contradicts
-      `initial_state`'s), before compiling.
+      `initial_state`'s, an `initial_state` that is not `algorithm`'s or
+      not of `data`'s clients, clients without training examples, NaN or
+      Inf in the real rows of a `FederatedData`), before compiling. Streamed
+      `HostData` (possibly larger than memory) is checked for empty clients
+      but not read for NaN.
     OSError: if `checkpoint_path` is not writable, before the first round.
   """
   if not isinstance(algorithm, (base.Algorithm, participation.Cohort)):
     raise TypeError(f"`algorithm` must be a prfl_jax Algorithm, got "
                     f"{type(algorithm)}.")
   base.check_positive_int(num_rounds, "num_rounds")
-  if eval_every is None:
-    eval_every = max(1, num_rounds // 20)
-  base.check_positive_int(eval_every, "eval_every")
-  eval_every = min(eval_every, num_rounds)
+  validation.check_key(key)
+  if eval_every is not None:
+    base.check_positive_int(eval_every, "eval_every")
   if eval_fn is not None and not callable(eval_fn):
     raise TypeError(f"`eval_fn` must be callable, got {type(eval_fn)}.")
   log = log or (lambda s: print(s, file=sys.stderr, flush=True))
-  if (isinstance(algorithm, participation.Cohort) or
-      isinstance(data, ragged.HostData) or state_on_host):
+  on_host_data = isinstance(data, ragged.HostData)
+  if on_host_data:
+    n = ragged.check_host_data(data)
+  else:
+    n = federated.check_data(data)
+    checks.check_examples(data)
+  if initial_state is not None:
+    checks.check_resume(algorithm, initial_state, byzantine, n)
+  clusters = sharding.to_host(data.clusters)
+  checks.check_clusters(clusters)
+  num_clusters = int(clusters.max()) + 1 if clusters.size else 1
+  record = lambda: checkpoint.describe_run(
+      algorithm, key=key, batch_size=batch_size, train=data.train,
+      counts=data.train.counts if on_host_data else data.num_examples)
+  if (isinstance(algorithm, participation.Cohort) or on_host_data or
+      state_on_host):
     if not isinstance(algorithm, participation.Cohort):
       raise TypeError(
           "host data and `state_on_host` need a cohort algorithm, "
           "prfl.participation.cohort(algorithm, cohort_size=C).")
     base.check_positive_int(eval_block, "eval_block")
-    clusters = np.asarray(data.clusters)
-    _check_clusters(clusters)
     runner = driver.setup(
         algorithm, params, data, key=key, batch_size=batch_size,
         eval_fn=eval_fn, byzantine=byzantine, initial_state=initial_state,
         state_on_host=state_on_host, donate=donate, eval_block=eval_block,
-        clusters=clusters,
-        num_clusters=int(clusters.max()) + 1 if clusters.size else 1)
-    return _loop(runner, num_rounds=num_rounds, eval_every=eval_every,
-                 checkpoint_path=checkpoint_path,
-                 fresh=initial_state is None, verbose=verbose, log=log)
+        clusters=clusters, num_clusters=num_clusters)
+    start_round = int(sharding.to_host(runner.result(runner.state).round))
+    return _loop(runner, num_rounds=num_rounds, start_round=start_round,
+                 eval_every=eval_every, checkpoint_path=checkpoint_path,
+                 run_record=record(), fresh=initial_state is None,
+                 verbose=verbose, log=log)
   if params is None and initial_state is not None:
     params = initial_state.params
-  n = federated.check_data(data)
   n_params = base.init_params(params)
   if n_params != n:
     raise ValueError(f"`params` has {n_params} clients but `data` has {n}.")
   federated.check_batch_size(batch_size, data.train)
-  clusters = sharding.to_host(data.clusters)
-  _check_clusters(clusters)
-  num_clusters = int(clusters.max()) + 1 if clusters.size else 1
   if eval_fn is not None:
     check_eval_fn(eval_fn, params, data.test)
 
@@ -217,14 +231,10 @@ def train(algorithm: base.Algorithm, params: PyTree,
     state = algorithm.init(params, byzantine=byzantine)
   else:
     state = initial_state
-    if byzantine is not None:
-      saved = sharding.to_host(state.byzantine)
-      if (np.shape(byzantine) != saved.shape or
-          not np.array_equal(np.asarray(byzantine, bool), saved)):
-        raise ValueError(
-            "`byzantine` differs from `initial_state.byzantine`; the mask is "
-            "part of the state, so a resumed run keeps it: leave `byzantine` "
-            "out (or pass the state's mask), or start a new run.")
+  start_round = int(sharding.to_host(state.round))
+  if eval_every is None:
+    eval_every = checks.default_eval_every(start_round, num_rounds)
+  eval_every = min(eval_every, num_rounds)
 
   def evaluate(state, test):
     if eval_fn is None:
@@ -232,42 +242,58 @@ def train(algorithm: base.Algorithm, params: PyTree,
     return personalized_eval(eval_fn, state.params, test, clusters,
                              state.byzantine, num_clusters)
 
-  def chunk(state, first_round, train_data, num_examples, test, length):
+  def chunk(state, first_round, num, train_data, num_examples, test, length):
+    # Rounds first_round .. first_round + num - 1 (num <= length, a runtime
+    # value); metrics `[length, ...]`, rows past num unused.
     def body(state, round_index):
       round_key = jax.random.fold_in(key, round_index)
       batch_key, step_key = jax.random.split(round_key)
       batch = federated.sample_batch(batch_key, train_data, batch_size,
                                      num_examples)
       return algorithm.step(state, batch, step_key)
-    rounds = first_round + jnp.arange(length, dtype=jnp.int32)
-    state, metrics = lax.scan(body, state, rounds)
+
+    def one_round(carry):
+      round_index, state, metrics = carry
+      state, values = body(state, round_index)
+      metrics = jax.tree.map(lambda m, v: m.at[round_index - first_round].set(v),
+                             metrics, values)
+      return round_index + 1, state, metrics
+
+    shapes = jax.eval_shape(body, state, first_round)[1]
+    metrics = jax.tree.map(lambda s: jnp.zeros((length,) + s.shape, s.dtype),
+                           shapes)
+    _, state, metrics = lax.while_loop(
+        lambda carry: carry[0] < first_round + num, one_round,
+        (first_round, state, metrics))
     return state, metrics, evaluate(state, test)
 
   if donate:  # Own the state, so that donating it never deletes the caller's.
     state = jax.tree.map(
         lambda x: x.copy() if isinstance(x, jax.Array) else x, state)
-  run_chunk = jax.jit(chunk, static_argnums=5,
+  run_chunk = jax.jit(chunk, static_argnums=6,
                       donate_argnums=0 if donate else ())
   run_eval = jax.jit(evaluate)
 
   def run(state, first_round, length):
-    state, metrics, ev = run_chunk(state, np.int32(first_round), data.train,
-                                   data.num_examples, data.test, length)
-    return state, metrics, ev
+    return run_chunk(state, np.int32(first_round), np.int32(length),
+                     data.train, data.num_examples, data.test, eval_every)
 
   runner = driver.Runner(state, run, lambda s: run_eval(s, data.test),
                          lambda s: s)
-  return _loop(runner, num_rounds=num_rounds, eval_every=eval_every,
-               checkpoint_path=checkpoint_path,
-               fresh=initial_state is None, verbose=verbose, log=log)
+  return _loop(runner, num_rounds=num_rounds, start_round=start_round,
+               eval_every=eval_every, checkpoint_path=checkpoint_path,
+               run_record=record(), fresh=initial_state is None,
+               verbose=verbose, log=log)
 
 
-def _loop(runner, *, num_rounds: int, eval_every: int,
-          checkpoint_path: Optional[str], fresh: bool, verbose: bool,
+def _loop(runner, *, num_rounds: int, start_round: int,
+          eval_every: Optional[int], checkpoint_path: Optional[str],
+          run_record: dict, fresh: bool, verbose: bool,
           log: Callable[[str], None]) -> TrainResult:
   """Runs the chunks, evaluates, checkpoints and logs; builds the history."""
-  state = runner.state
-  start_round = int(sharding.to_host(runner.result(state).round))
+  if eval_every is None:
+    eval_every = checks.default_eval_every(start_round, num_rounds)
+  eval_every = min(eval_every, num_rounds)
   if checkpoint_path is not None:
     checkpoint.check_writable(checkpoint_path)
     saved_rounds = checkpoint.rounds(checkpoint_path)
@@ -276,6 +302,10 @@ def _loop(runner, *, num_rounds: int, eval_every: int,
           f"`checkpoint_path` {checkpoint_path!r} already holds checkpoints "
           f"of rounds {saved_rounds}: resume that run with `initial_state="
           "prfl.checkpoint.restore(path, target)`, or use another directory.")
+    checkpoint.check_same_run(
+        checkpoint.recorded_run(checkpoint_path, start_round), run_record,
+        f"{checkpoint_path}/{start_round}")
+  state = runner.state
   num_chunks = math.ceil(num_rounds / eval_every)
   start = time.perf_counter()
   evals = [sharding.to_host(runner.evaluate(state))]
@@ -289,12 +319,13 @@ def _loop(runner, *, num_rounds: int, eval_every: int,
     state, metrics = out[:2]
     ev = out[2] if len(out) > 2 else runner.evaluate(state)
     metrics, ev = sharding.to_host((metrics, ev))
+    metrics = {name: m[:length] for name, m in metrics.items()}
     done += length
     train_metrics.append(metrics)
     evals.append(ev)
     eval_rounds.append(start_round + done)
     if checkpoint_path is not None:
-      checkpoint.save(checkpoint_path, runner.result(state))
+      checkpoint.save(checkpoint_path, runner.result(state), run=run_record)
     now = time.perf_counter() - start
     elapsed.append(now)
     if verbose:

@@ -51,13 +51,38 @@ class Layout(NamedTuple):
 
 
 def byzantine_mask(byzantine, num_clients: int) -> jax.Array:
-  """Validates and returns the `[N]` bool Byzantine mask (all False if None)."""
+  """Validates and returns the `[N]` bool Byzantine mask (all False if None).
+
+  Accepts bools, or integers / floats that are all 0 or 1 (a traced mask is
+  checked by dtype only); anything else (0.2, 5, strings) is refused rather
+  than cast to True.
+
+  Raises:
+    TypeError: if the mask is not of bool, integer or float dtype.
+    ValueError: if its shape is not `[num_clients]`, or a concrete value is
+      neither 0 nor 1.
+  """
   if byzantine is None:
     return jnp.zeros((num_clients,), bool)
   if np.shape(byzantine) != (num_clients,):
     raise ValueError(
         f"`byzantine` must be a bool mask of shape [{num_clients}], got shape "
         f"{np.shape(byzantine)}.")
+  dtype = getattr(byzantine, "dtype", None)
+  if dtype is None:
+    dtype = np.asarray(byzantine).dtype
+  if not (dtype == bool or np.issubdtype(dtype, np.integer) or
+          np.issubdtype(dtype, np.floating)):
+    raise TypeError(
+        f"`byzantine` must be a bool mask (True = malicious), got dtype "
+        f"{dtype}.")
+  if dtype != bool and not isinstance(byzantine, jax.core.Tracer):
+    values = np.asarray(byzantine)
+    bad = values[(values != 0) & (values != 1)]
+    if bad.size:
+      raise ValueError(
+          "`byzantine` must be a bool mask; numbers are accepted only as 0 or "
+          f"1, got {np.unique(bad)[:5].tolist()}.")
   return jnp.asarray(byzantine, bool)
 
 
@@ -98,10 +123,14 @@ def apply_updates(optimizer: optax.GradientTransformation, directions: PyTree,
 
 
 def benign_mean(values: jax.Array, byzantine: jax.Array) -> jax.Array:
-  """Mean of `[N]` values over benign clients."""
+  """Mean of `[N]` values over benign clients; NaN when every client is
+  Byzantine (no benign value to report, never a made-up 0)."""
   w = (~byzantine).astype(values.dtype)
-  return jnp.sum(jnp.where(byzantine, 0.0, values)) / jnp.maximum(
-      jnp.sum(w), 1.0)
+  total = jnp.sum(w)
+  return jnp.where(
+      total > 0,
+      jnp.sum(jnp.where(byzantine, 0.0, values)) / jnp.maximum(total, 1.0),
+      jnp.nan)
 
 
 def grad_norms(grads: PyTree) -> jax.Array:

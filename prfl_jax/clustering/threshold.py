@@ -198,8 +198,12 @@ def gram_clustering_coefs(grams: jax.Array, radius: Radius, num_iters: int,
     weights: `[N]` non-negative client weights.
 
   Returns:
-    `(coefs [K, N], ClusteringInfo)`.
+    `(coefs [K, N], ClusteringInfo)`, in float32 at least: bfloat16 / float16
+    Gram matrices are promoted (their 8-11 bit mantissas would round the
+    coefficients of a few hundred clients away).
   """
+  dtype = jnp.promote_types(grams.dtype, jnp.float32)
+  grams, weights = grams.astype(dtype), jnp.asarray(weights).astype(dtype)
   diag = jnp.diagonal(grams, axis1=1, axis2=2)  # [K, N]
   valid_kn = jnp.isfinite(diag)
   diag = jnp.where(valid_kn, diag, 0.0)

@@ -55,8 +55,9 @@ def check_plan(plan: ExecutionPlan, kernels, *, messages: bool = False):
   Args:
     plan: the plan.
     kernels: the registered kernels, `{name: Kernel}`.
-    messages: whether an attack replaces the messages: then a kernel that
-      never builds them (`accepts_messages` False) is refused.
+    messages: whether the messages are needed (an attack replaces them, a
+      pre-aggregator or FC's ball cap reads them): then a kernel that never
+      builds them (`accepts_messages` False) is refused.
   """
   if not isinstance(plan, ExecutionPlan):
     raise TypeError(
@@ -75,8 +76,9 @@ def check_plan(plan: ExecutionPlan, kernels, *, messages: bool = False):
   if messages and plan.kernel != AUTO and not lookup(
       plan.kernel, kernels).accepts_messages:
     raise ValueError(
-        f"an attack or a pre-aggregator (`attack`, `pre_aggregator`, "
-        f"`message_fn`) needs the materialised messages, which "
+        f"an attack, a pre-aggregator or a ball cap (`attack`, "
+        f"`pre_aggregator`, `ball_cap`, `message_fn`) needs the materialised "
+        f"messages, which "
         f"ExecutionPlan(kernel={plan.kernel!r}) never builds; use "
         "kernel='gram'.")
 

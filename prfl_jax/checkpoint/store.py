@@ -1,31 +1,8 @@
-"""Saving and restoring algorithm states (checkpoint / resume) with orbax.
+"""Saving and restoring states with orbax (see `prfl_jax.checkpoint`)."""
 
-A checkpoint directory holds one orbax step per saved round:
-
-  <directory>/<round>/state/...         the state's arrays (orbax, OCDBT)
-  <directory>/<round>/meta/metadata     JSON: algorithm state type, round,
-                                        tree structure, every leaf's path,
-                                        shape and dtype, versions
-  <directory>/<round>/prfl_sha256.json  SHA-256 of every file above
-
-orbax writes every array (also a sharded one, from every process of a
-`jax.distributed` run) and makes each step appear atomically; on top of it,
-`save` records the SHA-256 of every file of the step once orbax has finished,
-and `restore` verifies them before reading: a flipped byte, a truncated or a
-missing file is found and named. The newest `keep` rounds are kept; when the
-newest is corrupt or incomplete, `restore` warns, naming it, and falls back to
-the newest intact one.
-
-  prfl.checkpoint.save("runs/fc", state)            # after any round
-  state = prfl.checkpoint.restore("runs/fc", alg.init(params))
-
-`restore` refuses a target of another algorithm, structure, shape or dtype,
-naming the checkpoint and the leaf.
-"""
-
-import hashlib
-import json
+import errno
 import os
+import shutil
 from typing import Any, Optional
 import warnings
 
@@ -35,15 +12,15 @@ from jax.experimental import multihost_utils
 import numpy as np
 import orbax.checkpoint as ocp
 
+from prfl_jax.checkpoint import manifest
+from prfl_jax.checkpoint.manifest import CheckpointError
+from prfl_jax.checkpoint.manifest import FORMAT
+from prfl_jax.checkpoint.manifest import META
+
 PyTree = Any
 
-FORMAT = "prfl_jax.checkpoint/1"
-MANIFEST = "prfl_sha256.json"
-_STATE, _META = "state", "meta"
-
-
-class CheckpointError(ValueError):
-  """A checkpoint is corrupt, incomplete or not a prfl_jax checkpoint."""
+_STATE = "state"
+_TMP = ".orbax-checkpoint-tmp"  # orbax's suffix for a step being written.
 
 
 def state_type(state: Any) -> str:
@@ -133,46 +110,41 @@ def check_writable(directory) -> None:
                   f"is not writable: {e.strerror or e}") from e
 
 
-def _step_files(step_dir: epath.Path) -> list:
-  """Every file under `step_dir` (recursively) but the manifest, sorted."""
-  out, todo = [], [step_dir]
-  while todo:
-    for p in todo.pop().iterdir():
-      if p.is_dir():
-        todo.append(p)
-      elif p.name != MANIFEST:
-        out.append(p)
-  return sorted(out)
+def _disk_full(error: BaseException) -> bool:
+  """Whether `error` (or an error it was raised from) is "no space left"."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC,
+                                                      errno.EDQUOT):
+      return True
+    text = str(error)
+    if ("No space left on device" in text or "RESOURCE_EXHAUSTED" in text or
+        "os_error_code='28'" in text):
+      return True
+    error = error.__cause__ or error.__context__
+  return False
 
 
-def _sha256(path: epath.Path) -> tuple:
-  """`(hex SHA-256, size in bytes)` of a file."""
-  digest, size = hashlib.sha256(), 0
-  with path.open("rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      digest.update(block)
-      size += len(block)
-  return digest.hexdigest(), size
+def _remove_unfinished(directory: epath.Path):
+  """Removes steps orbax left half-written (`<round>.orbax-checkpoint-tmp*`:
+  a save killed or failed before its atomic rename; never read)."""
+  if jax.process_index() != 0 or not directory.exists():
+    return
+  for p in directory.iterdir():
+    if _TMP in p.name:
+      shutil.rmtree(os.fspath(p), ignore_errors=True)
 
 
-def _write_manifest(step_dir: epath.Path):
-  files = {}
-  for p in _step_files(step_dir):
-    digest, size = _sha256(p)
-    files[os.fspath(p.relative_to(step_dir))] = {"sha256": digest,
-                                                 "size": size}
-  tmp = step_dir / f".{MANIFEST}.tmp"
-  tmp.write_text(json.dumps({"format": FORMAT, "files": files}, indent=1))
-  tmp.replace(step_dir / MANIFEST)  # Atomic: the manifest is whole or absent.
-
-
-def save(directory, state: PyTree, *, keep: int = 2) -> str:
+def save(directory, state: PyTree, *, keep: int = 2,
+         run: Optional[dict] = None) -> str:
   """Saves `state` as the checkpoint of round `state.round` in `directory`.
 
   Every process of a `jax.distributed` run must call it (each writes its own
   shards). Checkpoints of rounds >= this one are replaced first (a run resumed
-  from an earlier round rewrites its future); then only the newest `keep`
-  rounds are kept.
+  from an earlier round, e.g. after falling back from a corrupt newest round,
+  rewrites its future); then only the newest `keep` rounds are kept. Steps
+  left half-written by a save that was killed are removed first.
 
   Args:
     directory: checkpoint directory (created if needed).
@@ -180,6 +152,8 @@ def save(directory, state: PyTree, *, keep: int = 2) -> str:
       e.g. `FederatedClusteringState`); leaves may be sharded `jax.Array`s.
     keep: number of newest rounds to keep (>= 2 lets `restore` fall back to
       the previous round when the newest is corrupt).
+    run: JSON what a resume must repeat (`prfl.checkpoint.describe_run`;
+      `prfl.train` records it), returned by `run_settings`.
 
   Returns:
     the path of the round's checkpoint.
@@ -187,6 +161,8 @@ def save(directory, state: PyTree, *, keep: int = 2) -> str:
   Raises:
     ValueError: if `keep` < 1 or `state` has no integer `round`.
     CheckpointError: if `directory` is a file.
+    OSError: `errno.ENOSPC` when the disk (or quota) is full: the round's
+      partial files are removed and the earlier rounds are left intact.
   """
   if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
     raise ValueError(f"`keep` must be an integer >= 1, got {keep!r}.")
@@ -198,79 +174,35 @@ def save(directory, state: PyTree, *, keep: int = 2) -> str:
   check_writable(directory)
   directory = _path(directory)
   meta = {"format": FORMAT, "round": step, **describe(state),
-          "versions": _versions()}
-  with _manager(directory, keep) as manager:
-    for old in rounds(directory):
-      if old >= step:
-        manager.delete(old)
-    manager.save(step, args=ocp.args.Composite(**{
-        _STATE: ocp.args.StandardSave(state),
-        _META: ocp.args.JsonSave(meta)}), force=True)
-    manager.wait_until_finished()
+          "versions": _versions(), "run": run}
+  _remove_unfinished(directory)
   step_dir = directory / str(step)
-  if jax.process_index() == 0:
-    _write_manifest(step_dir)
+  try:
+    with _manager(directory, keep) as manager:
+      for old in rounds(directory):
+        if old >= step:
+          manager.delete(old)
+      manager.save(step, args=ocp.args.Composite(**{
+          _STATE: ocp.args.StandardSave(state),
+          META: ocp.args.JsonSave(meta)}), force=True)
+      manager.wait_until_finished()
+    if jax.process_index() == 0:
+      manifest.write_manifest(step_dir)
+  except Exception as e:  # pylint: disable=broad-except
+    if not _disk_full(e):
+      raise
+    _remove_unfinished(directory)
+    if jax.process_index() == 0:  # Written, but never verified: not kept.
+      shutil.rmtree(os.fspath(step_dir), ignore_errors=True)
+    raise OSError(
+        errno.ENOSPC, f"no space left to save the checkpoint of round {step} "
+        f"in {os.fspath(directory)!r} (disk or quota full: "
+        f"{str(e).splitlines()[0][:300]}). Its partial "
+        f"files were removed; the rounds still there, {rounds(directory)}, "
+        "are intact.") from e
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices(f"prfl_checkpoint_save_{step}")
   return os.fspath(step_dir)
-
-
-def verify(step_dir) -> dict:
-  """Checks every file of one saved round against its SHA-256 manifest.
-
-  Args:
-    step_dir: `<directory>/<round>`.
-
-  Returns:
-    the round's metadata (see `describe`, plus `"round"` and `"versions"`).
-
-  Raises:
-    CheckpointError: naming the file, if the manifest is missing or garbage,
-      or a file is missing, truncated, altered or not listed.
-  """
-  step_dir = epath.Path(step_dir)
-  manifest_path = step_dir / MANIFEST
-  if not manifest_path.exists():
-    raise CheckpointError(
-        f"{os.fspath(step_dir)!r} has no {MANIFEST}: the save did not finish, "
-        "or it is not a prfl_jax checkpoint.")
-  try:
-    manifest = json.loads(manifest_path.read_text())
-    files = manifest["files"]
-    if manifest.get("format") != FORMAT or not isinstance(files, dict):
-      raise ValueError(f"format {manifest.get('format')!r}")
-  except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
-    raise CheckpointError(
-        f"{os.fspath(manifest_path)!r} is not a valid checkpoint manifest "
-        f"({e}).") from e
-  present = {os.fspath(p.relative_to(step_dir)) for p in _step_files(step_dir)}
-  for name in sorted(present - set(files)):
-    raise CheckpointError(
-        f"{os.fspath(step_dir / name)!r} is not listed in the checkpoint's "
-        "manifest.")
-  for name, expected in sorted(files.items()):
-    path = step_dir / name
-    if name not in present:
-      raise CheckpointError(f"{os.fspath(path)!r} is missing.")
-    digest, size = _sha256(path)
-    if size != expected["size"]:
-      raise CheckpointError(
-          f"{os.fspath(path)!r} has {size} bytes, {expected['size']} were "
-          "saved (truncated or overwritten).")
-    if digest != expected["sha256"]:
-      raise CheckpointError(
-          f"{os.fspath(path)!r} is corrupt: its SHA-256 differs from the one "
-          "recorded when it was saved.")
-  meta_path = step_dir / _META / "metadata"
-  try:
-    meta = json.loads(meta_path.read_text())
-    if meta.get("format") != FORMAT:
-      raise ValueError(f"format {meta.get('format')!r}")
-  except (OSError, ValueError, UnicodeDecodeError) as e:
-    raise CheckpointError(
-        f"{os.fspath(meta_path)!r} is not prfl_jax checkpoint metadata "
-        f"({e}).") from e
-  return meta
 
 
 def check_target(meta: dict, target: PyTree, where: str):
@@ -356,7 +288,7 @@ def restore(directory, target: PyTree, *,
   for step in reversed(saved):
     step_dir = directory / str(step)
     try:
-      meta = verify(step_dir)
+      meta = manifest.verify(step_dir)
     except CheckpointError as e:
       problems.append(str(e))
       continue
@@ -375,7 +307,3 @@ def restore(directory, target: PyTree, *,
                               jax.tree.leaves(out))
   raise CheckpointError(f"no intact checkpoint in {path!r}: " +
                         " ".join(problems))
-
-
-__all__ = ["CheckpointError", "check_target", "check_writable", "describe",
-           "restore", "rounds", "save", "state_type", "verify"]

@@ -1,0 +1,236 @@
+"""`prfl.train`'s schedule and its checks of masks, resumed states and data.
+
+Each test names the defect it guards against; "failed before the fix" means
+it was run once on the code before the fix and failed there.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import prfl_jax as prfl
+from prfl_jax.train_checks import default_eval_every
+
+
+@pytest.fixture(name="data")
+def fixture_data():
+  return prfl.data.synthetic_regression(jax.random.key(0), num_clusters=2,
+                                        clients_per_cluster=3, dim=3,
+                                        num_samples=4)[0]
+
+
+def _local():
+  return prfl.algorithms.local(prfl.data.regression_loss, optax.sgd(1e-2))
+
+
+_KW = dict(key=jax.random.key(0), verbose=False)
+
+
+def test_oracle_results_do_not_depend_on_eval_every():
+  """The ground-truth oracle (momentum SGD, a Byzantine client, mini-batches)
+  ends bit for bit at the same state with `eval_every` 1, 2, 4 and 6.
+
+  Failed before the fix: chunks were `lax.scan`s of static length, and XLA
+  inlines a one-round scan and fuses it differently, so `eval_every=1` ended
+  6e-8 away. Also seen to fail when `train` goes back to `lax.scan`.
+  """
+  data = prfl.data.synthetic_regression(jax.random.key(0), num_clusters=2,
+                                        clients_per_cluster=4, dim=3,
+                                        num_samples=6)[0]
+  alg = prfl.algorithms.oracle(prfl.data.regression_loss,
+                               optax.sgd(1e-2, momentum=0.9),
+                               clusters=data.clusters)
+  runs = [prfl.train(alg, jnp.zeros((8, 3)), data, num_rounds=6,
+                     eval_every=e, byzantine=np.arange(8) == 7,
+                     batch_size=2, key=jax.random.key(3), verbose=False)
+          for e in (1, 2, 4, 6)]
+  for r in runs[1:]:
+    if jax.default_backend() == "cpu":  # GPU scatter-adds are atomics.
+      jax.tree.map(np.testing.assert_array_equal, r.state, runs[0].state)
+      np.testing.assert_array_equal(r.history["train/loss"],
+                                    runs[0].history["train/loss"])
+  np.testing.assert_array_equal(runs[2].history["eval_round"], [0, 4, 6])
+
+
+def test_default_eval_every_counts_rounds_from_round_zero(data):
+  """Default schedule: `ceil(R / 20)` rounds per chunk, R the last round.
+
+  A fresh 30-round run evaluates every 2 rounds; resuming it at round 24 for
+  6 rounds keeps chunks of 2 (R = 30). Failed before the fix: the default was
+  `num_rounds // 20`, so both ran 1-round chunks (a resume with under 40
+  rounds left always did). Seen to fail when the default is halved
+  (`ceil(R / 40)`).
+  """
+  fresh = prfl.train(_local(), jnp.zeros((6, 3)), data, num_rounds=30, **_KW)
+  np.testing.assert_array_equal(fresh.history["eval_round"],
+                                np.arange(0, 31, 2))
+  half = prfl.train(_local(), jnp.zeros((6, 3)), data, num_rounds=24, **_KW)
+  resumed = prfl.train(_local(), None, data, num_rounds=6,
+                       initial_state=half.state, **_KW)
+  np.testing.assert_array_equal(resumed.history["eval_round"],
+                                [24, 26, 28, 30])
+  np.testing.assert_array_equal(resumed.state.params, fresh.state.params)
+  assert [default_eval_every(0, r) for r in (1, 20, 21, 300)] == [1, 1, 2, 15]
+  assert default_eval_every(280, 20) == 15
+
+
+@pytest.mark.parametrize("mask, error, match", [
+    ([0, 0.2, 0, 0, 0, 0], ValueError, r"0 or 1, got \[0.2\]"),
+    ([0, 5, 0, 0, 0, 0], ValueError, r"0 or 1, got \[5\]"),
+    (["no", "yes", "no", "no", "no", "no"], TypeError, "dtype <U3"),
+])
+def test_byzantine_mask_values_are_checked(data, mask, error, match):
+  """Failed before the fix: the mask was cast with `asarray(mask, bool)`, so
+  0.2 and 5 became True and every non-empty string (also "no") made its
+  client Byzantine."""
+  with pytest.raises(error, match=match):
+    prfl.train(_local(), jnp.zeros((6, 3)), data, num_rounds=1,
+               byzantine=np.asarray(mask), **_KW)
+
+
+def test_byzantine_mask_as_zeros_and_ones_equals_bools():
+  alg = _local()
+  as_ints = alg.init(jnp.zeros((3, 2)), byzantine=np.array([0, 1, 0]))
+  as_floats = alg.init(jnp.zeros((3, 2)), byzantine=[0.0, 1.0, 0.0])
+  for s in (as_ints, as_floats):
+    assert s.byzantine.dtype == bool
+    np.testing.assert_array_equal(s.byzantine, [False, True, False])
+
+
+def test_initial_state_of_another_algorithm_is_refused(data):
+  """Local's state (params, opt_state, byzantine, round) has FedAvg's fields:
+  failed before the fix (FedAvg resumed from it silently); and a state built
+  with another optimizer is refused, naming the structures."""
+  local_state = _local().init(jnp.zeros((6, 3)))
+  fedavg = prfl.algorithms.fedavg(prfl.data.regression_loss, optax.sgd(1e-2))
+  with pytest.raises(TypeError, match="LocalState.*FedAvgState"):
+    prfl.train(fedavg, None, data, num_rounds=1, initial_state=local_state,
+               **_KW)
+  adam = prfl.algorithms.local(prfl.data.regression_loss, optax.adam(1e-2))
+  with pytest.raises(ValueError, match="another optimizer"):
+    prfl.train(adam, None, data, num_rounds=1, initial_state=local_state,
+               **_KW)
+  momentum = prfl.algorithms.local(prfl.data.regression_loss,
+                                  optax.sgd(1e-2, momentum=0.9))
+  state = momentum.init(jnp.zeros((6, 3)))
+  state = state._replace(opt_state=jax.tree.map(
+      lambda x: x.astype(jnp.float16), state.opt_state))
+  with pytest.raises(ValueError, match=r"trace` is float16\[6, 3\], but "
+                     r"`algorithm` builds float32\[6, 3\]"):
+    prfl.train(momentum, None, data, num_rounds=1, initial_state=state, **_KW)
+
+
+def test_every_client_byzantine_reports_nan_not_zero(data):
+  """With no benign client the loss and the evaluation are NaN. Failed before
+  the fix: `benign_mean` divided by max(count, 1) and read 0.0, a perfect
+  score."""
+  r = prfl.train(_local(), jnp.zeros((6, 3)), data, num_rounds=2,
+                 byzantine=np.ones(6, bool), eval_fn=prfl.data.regression_eval,
+                 **_KW)
+  assert np.isnan(r.history["train/loss"]).all()
+  assert np.isnan(r.history["eval/error"]).all()
+  one_benign = prfl.algorithms.base.benign_mean(
+      jnp.array([1.0, 3.0]), jnp.array([True, False]))
+  assert float(one_benign) == 3.0
+
+
+@pytest.mark.parametrize("part, leaf, value", [
+    ("train", "a", np.nan), ("train", "y", np.inf), ("test", "x_star", np.nan)])
+def test_non_finite_data_is_refused_naming_leaf_and_clients(
+    data, part, leaf, value):
+  """Failed before the fix: the run went through and clients 1 and 4 ended
+  with NaN models (train) or NaN evaluations (test)."""
+  tree = dict(getattr(data, part))
+  x = np.array(tree[leaf])
+  x[1, 0] = value
+  x[4, -1] = value
+  tree[leaf] = jnp.asarray(x)
+  bad = data._replace(**{part: tree})
+  with pytest.raises(ValueError,
+                     match=rf"data\.{part}\['{leaf}'\]. .*clients \[1, 4\]"):
+    prfl.train(_local(), jnp.zeros((6, 3)), bad, num_rounds=1, **_KW)
+
+
+def test_zero_examples_per_client_is_refused(data):
+  """Failed before the fix: a ZeroDivisionError from inside JAX's tracing."""
+  empty = data._replace(train=jax.tree.map(lambda x: x[:, :0], data.train))
+  with pytest.raises(ValueError, match="0 examples per client"):
+    prfl.train(_local(), jnp.zeros((6, 3)), empty, num_rounds=1, **_KW)
+
+
+def _cohort():
+  return prfl.participation.cohort(_local(), cohort_size=2)
+
+
+def test_cohort_runs_check_the_data_and_the_key(data):
+  """The cohort path applies the dense path's checks. Failed before the fix
+  (main's cohort path, 91bdebb): NaN in the data ran through."""
+  x = np.array(data.train["a"])
+  x[1, 0, 0] = np.nan
+  bad = data._replace(train=dict(data.train, a=jnp.asarray(x)))
+  with pytest.raises(ValueError, match=r"data\.train\['a'\]. .*clients \[1\]"):
+    prfl.train(_cohort(), jnp.zeros((6, 3)), bad, num_rounds=1, **_KW)
+  with pytest.raises(TypeError, match="`key` must be a PRNG key"):
+    prfl.train(_cohort(), jnp.zeros((6, 3)), data, num_rounds=1,
+               key=np.arange(2.0), verbose=False)
+
+
+def test_padding_rows_may_hold_nan(data):
+  """Rows past `num_examples` are never read, so NaN there is allowed; NaN in
+  a real row is refused. Failed before the fix (91bdebb: no check, the NaN
+  row trained); seen to fail when the check ignores the counts."""
+  x = np.array(data.train["a"])
+  x[:, 3] = np.nan
+  counts = jnp.full((6,), 3, jnp.int32)
+  padded = data._replace(train=dict(data.train, a=jnp.asarray(x)),
+                         num_examples=counts)
+  r = prfl.train(_local(), jnp.zeros((6, 3)), padded, num_rounds=2,
+                 batch_size=2, **_KW)
+  assert np.isfinite(r.state.params).all()
+  with pytest.raises(ValueError, match=r"clients \[0, 1, 2, 3, 4, 5\]"):
+    prfl.train(_local(), jnp.zeros((6, 3)), padded._replace(
+        num_examples=counts.at[:].set(4)), num_rounds=1, **_KW)
+
+
+def test_cohort_resume_is_checked(data):
+  """A cohort run's `initial_state` must be a CohortState of this algorithm,
+  of the data's clients, with the same Byzantine mask. Failed before the
+  fix (91bdebb): a plain LocalState crashed inside the driver with an
+  AttributeError ('LocalState' object has no attribute 'clients')."""
+  alg = _cohort()
+  state = alg.init(jnp.zeros((6, 3)), byzantine=np.arange(6) == 5)
+  with pytest.raises(TypeError, match="builds a CohortState"):
+    prfl.train(alg, None, data, num_rounds=1,
+               initial_state=_local().init(jnp.zeros((6, 3))), **_KW)
+  with pytest.raises(ValueError, match="has 4 clients but `data` has 6"):
+    prfl.train(alg, None, data, num_rounds=1,
+               initial_state=alg.init(jnp.zeros((4, 3))), **_KW)
+  adam = prfl.participation.cohort(
+      prfl.algorithms.local(prfl.data.regression_loss, optax.adam(1e-2)),
+      cohort_size=2)
+  with pytest.raises(ValueError, match="another optimizer"):
+    prfl.train(adam, None, data, num_rounds=1, initial_state=state, **_KW)
+  with pytest.raises(ValueError, match="`byzantine` differs"):
+    prfl.train(alg, None, data, num_rounds=1, initial_state=state,
+               byzantine=np.arange(6) == 0, **_KW)
+
+
+def test_cohort_checkpoint_records_the_run(data, tmp_path):
+  """A cohort run's checkpoints record its key and batch size, and its
+  resume keeps the default chunk length. Failed before the fix: the cohort
+  path saved no run record, so a resume with another key went on."""
+  alg = _cohort()
+  path = str(tmp_path / "ckpt")
+  first = prfl.train(alg, jnp.zeros((6, 3)), data, num_rounds=24,
+                     batch_size=2, checkpoint_path=path, **_KW)
+  state = prfl.checkpoint.restore(path, first.state)
+  with pytest.raises(ValueError, match="key"):
+    prfl.train(alg, None, data, num_rounds=6, batch_size=2,
+               initial_state=state, checkpoint_path=path,
+               key=jax.random.key(1), verbose=False)
+  resumed = prfl.train(alg, None, data, num_rounds=6, batch_size=2,
+                       initial_state=state, checkpoint_path=path, **_KW)
+  np.testing.assert_array_equal(resumed.history["eval_round"],
+                                [24, 26, 28, 30])
