@@ -149,13 +149,6 @@ def _choices(allowed):
   return parse
 
 
-def _positive_int(text):
-  v = int(text)
-  if v < 1:
-    raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
-  return v
-
-
 def _radius(text):
   try:
     return text, common.parse_radius(text)
@@ -175,14 +168,14 @@ def main(argv=None) -> int:
                                                                     "vgg8"))
   p.add_argument("--clients", type=lambda t: _int_list(t, 2), default=(8, 16),
                  help="comma-separated numbers of clients N (>= 2)")
-  p.add_argument("--batch-size", type=_positive_int, default=16)
+  p.add_argument("--batch-size", type=common.positive_int, default=16)
   p.add_argument("--configs", type=_choices(CONFIGS), default=CONFIGS)
   p.add_argument("--radius", type=_radius, default="quantile:0.2",
                  help="a float, or quantile:Q for prfl.quantile_radius(Q)")
-  p.add_argument("--num-iters", type=_positive_int, default=10)
-  p.add_argument("--repeats", type=_positive_int, default=3,
+  p.add_argument("--num-iters", type=common.positive_int, default=10)
+  p.add_argument("--repeats", type=common.positive_int, default=3,
                  help="timed calls of a prfl round (median reported)")
-  p.add_argument("--loop-repeats", type=_positive_int, default=1,
+  p.add_argument("--loop-repeats", type=common.positive_int, default=1,
                  help="timed calls of the PyTorch loop")
   p.add_argument("--budget-s", type=float, default=30.0,
                  help="fewer timed calls when they would take longer")
@@ -199,7 +192,7 @@ def main(argv=None) -> int:
                  "configuration run")
   p.add_argument("--torch-device", default="cpu",
                  help="device of the PyTorch loop (cpu, cuda)")
-  p.add_argument("--width-divisor", type=_positive_int, default=1,
+  p.add_argument("--width-divisor", type=common.positive_int, default=1,
                  help="divide every channel and hidden width (smaller nets)")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--smoke", action="store_true",
@@ -243,12 +236,7 @@ def main(argv=None) -> int:
   print(f"load average start {info['loadavg']} end {info['loadavg_end']}")
   save(complete=True)
   print(f"saved {args.out}")
-  bad = [r for r in rows if not r["rel_diff"] < 1e-3]
-  if bad:
-    print("WARNING: centres disagree: " + ", ".join(
-        f"{r['model']}/{r['n']}/{r['config']}" for r in bad))
-    return 1
-  return 0
+  return common.agreement_status(rows)
 
 
 if __name__ == "__main__":

@@ -177,27 +177,20 @@ def _plans(text):
   return values
 
 
-def _positive(text):
-  value = int(text)
-  if value < 1:
-    raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
-  return value
-
-
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--models", type=_names(MODELS), default=tuple(MODELS))
   p.add_argument("--clients", type=_clients, default=None,
                  help="N for every model (default: each model's own)")
-  p.add_argument("--batch-size", type=_positive, default=None,
+  p.add_argument("--batch-size", type=common.positive_int, default=None,
                  help="default: 32 for the MLPs, 16 for the CNNs")
   p.add_argument("--plans", type=_plans, default=None,
                  help="comma-separated candidate plans CHUNK:KERNEL for "
                  "every model (default: each model's own)")
-  p.add_argument("--num-iters", type=_positive, default=10)
-  p.add_argument("--repeats", type=_positive, default=5,
+  p.add_argument("--num-iters", type=common.positive_int, default=10)
+  p.add_argument("--repeats", type=common.positive_int, default=5,
                  help="turns: timed calls of every plan")
-  p.add_argument("--width-divisor", type=_positive, default=1,
+  p.add_argument("--width-divisor", type=common.positive_int, default=1,
                  help="divide the CNNs' widths (smaller nets)")
   p.add_argument("--smoke", action="store_true",
                  help="tiny: N = 4, batch 4, widths / 16, 1 turn")
@@ -223,12 +216,7 @@ def main(argv=None) -> int:
   print(common.format_table(rows, COLUMNS))
   print(f"load average start {info['loadavg']} end {info['loadavg_end']}")
   print(f"saved {args.out}")
-  bad = [r for r in rows if not r["rel_diff"] < 1e-3]
-  if bad:
-    print("WARNING: centres disagree: " + ", ".join(
-        f"{r['model']}/{r['n']}/{r['config']}" for r in bad))
-    return 1
-  return 0
+  return common.agreement_status(rows)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Shared pieces of the benchmarks: the paper's MNIST MLP, timing, memory."""
 
+import argparse
 import functools
 import json
 import os
@@ -68,6 +69,25 @@ def parse_plan(spec: str) -> prfl.ExecutionPlan:
   if chunk not in ("full", "auto"):
     chunk = int(chunk)
   return prfl.ExecutionPlan(None if chunk == "full" else chunk, kernel)
+
+
+def positive_int(text: str) -> int:
+  """An argparse type: an integer >= 1."""
+  value = int(text)
+  if value < 1:
+    raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
+  return value
+
+
+def agreement_status(rows: list, limit: float = 1e-3) -> int:
+  """0 if every row's `rel_diff` (centres against the reference) is below
+  `limit`, else 1 after naming the rows that disagree."""
+  bad = [r for r in rows if not r["rel_diff"] < limit]
+  if bad:
+    print("WARNING: centres disagree: " + ", ".join(
+        f"{r['model']}/{r['n']}/{r['config']}" for r in bad))
+    return 1
+  return 0
 
 
 def parse_radius(spec: str):

@@ -136,21 +136,14 @@ def profile(parts_, n: int, repeats: int) -> list:
           in compiled.items()]
 
 
-def _positive(text):
-  value = int(text)
-  if value < 1:
-    raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
-  return value
-
-
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--model", choices=sorted(zoo.SPECS), default="cnn_small")
-  p.add_argument("--clients", type=_positive, default=8)
-  p.add_argument("--batch-size", type=_positive, default=16)
-  p.add_argument("--num-iters", type=_positive, default=10)
-  p.add_argument("--repeats", type=_positive, default=5)
-  p.add_argument("--width-divisor", type=_positive, default=1)
+  p.add_argument("--clients", type=common.positive_int, default=8)
+  p.add_argument("--batch-size", type=common.positive_int, default=16)
+  p.add_argument("--num-iters", type=common.positive_int, default=10)
+  p.add_argument("--repeats", type=common.positive_int, default=5)
+  p.add_argument("--width-divisor", type=common.positive_int, default=1)
   p.add_argument("--no-torch", action="store_true")
   args = p.parse_args(argv)
   if args.clients < 2:
