@@ -15,7 +15,8 @@ and by the least wall time on an accelerator (the host's CPU time means
 nothing there). `default/best` is the default's time over the fastest
 candidate's; `maxdiff` the largest centre difference of any plan from the
 first candidate, relative to the centres' largest magnitude (the run fails
-above 1e-3).
+above 1e-3). A candidate that fails to compile or run (out of device
+memory, say) is left out with a line that says so.
 
   python -m benchmarks.bench_plans                  # every model, ~1 h on 2 loaded cores
   python -m benchmarks.bench_plans --models user_mlp --clients 32
@@ -103,10 +104,17 @@ def bench(name: str, n: int, batch_size: int, args) -> list:
                         >= n)})
   runs = {}
   for label, plan in plans.items():
-    compiled, compile_s = _compile(loss_fn, params, batch, plan, radius,
-                                   args.num_iters)
-    call = lambda c=compiled: jax.block_until_ready(c(params, batch))
-    out = zoo.flat_centers(call())  # Warm-up.
+    try:
+      compiled, compile_s = _compile(loss_fn, params, batch, plan, radius,
+                                     args.num_iters)
+      call = lambda c=compiled: jax.block_until_ready(c(params, batch))
+      out = zoo.flat_centers(call())  # Warm-up.
+    except jax.errors.JaxRuntimeError as e:  # E.g. out of device memory.
+      if label == "default":
+        raise
+      print(f"  {name:11s} N={n:3d} {label:10s} failed, left out: "
+            f"{str(e).splitlines()[0][:120]}", flush=True)
+      continue
     resolved = kernels.resolve_plan(plan, loss_fn, params, batch)
     runs[label] = dict(call=call, out=out, compile_s=compile_s, wall=[],
                        cpu=[], plan=common.plan_name(resolved.plan))
