@@ -10,7 +10,7 @@ and timed for all N models:
   autodiff grads     value and gradient per client (what the Gram kernel
                      materialises)
   tapped fwd+bwd     the ghost kernel's forward and backward through the
-                     interpreter (`trace.evaluate`): layer inputs and output
+                     interpreter (`interpret.evaluate`): layer inputs and output
                      cotangents, no weight gradients
   per layer L:       its input tokens (patches for a convolution), its
                      per-client weight gradients materialised (`a^T d`), and
@@ -43,6 +43,7 @@ import prfl_jax as prfl
 from prfl_jax import kernels
 from prfl_jax.kernels import base
 from prfl_jax.kernels import ghost
+from prfl_jax.kernels import interpret
 from prfl_jax.kernels import trace
 from benchmarks import common
 from benchmarks import torch_loop
@@ -58,7 +59,7 @@ def parts(loss_fn, params, batch, radius, num_iters):
   problem = base.Problem(loss_fn, batch, radius, num_iters, jnp.ones((n,)))
   ctx = ghost.prepare(problem, params, analysis)
   active = analysis.active()
-  inline = trace.inline_paths(analysis, active)
+  inline = interpret.inline_paths(analysis, active)
 
   def tapped(x, b):
     model = jax.tree.leaves(x)
@@ -66,7 +67,7 @@ def parts(loss_fn, params, batch, radius, num_iters):
             for p, s in active.items()}
 
     def client(taps, bb):
-      return trace.evaluate(analysis, model + list(bb), taps, active, inline)
+      return interpret.evaluate(analysis, model + list(bb), taps, active, inline)
 
     (_, xs), dys = jax.vmap(jax.value_and_grad(client, has_aux=True))(
         taps, jax.tree.leaves(b))

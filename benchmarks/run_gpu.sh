@@ -46,13 +46,13 @@ run_tests() {
   if python3 -c "import xdist" 2>/dev/null; then
     workers=(-n "${TEST_WORKERS:-12}")
   fi
-  env -u JAX_DEFAULT_MATMUL_PRECISION timeout "${TESTS_TIMEOUT:-280}" \
+  env -u JAX_DEFAULT_MATMUL_PRECISION timeout "${TESTS_TIMEOUT:-270}" \
     python3 -m pytest -p no:cacheprovider "${workers[@]}" -rf \
     ${TESTS_ARGS:-} 2>&1 | tee "$out/tests_gpu.log" | tail -60
 }
 
 run_precision() {
-  timeout "${PRECISION_TIMEOUT:-60}" python3 -m benchmarks.check_ghost_precision \
+  timeout "${PRECISION_TIMEOUT:-110}" python3 -m benchmarks.check_ghost_precision \
     --out "$out/ghost_precision_gpu.json" 2>&1 | tee "$out/ghost_precision_gpu.log"
 }
 
@@ -76,7 +76,7 @@ run_models() {
       "prfl's Gram kernel"
     configs="prfl gram,prfl auto"
   fi
-  JAX_DEFAULT_MATMUL_PRECISION=highest timeout "${MODELS_TIMEOUT:-100}" \
+  JAX_DEFAULT_MATMUL_PRECISION=highest timeout "${MODELS_TIMEOUT:-90}" \
     python3 -m benchmarks.bench_models \
     --clients "${MODEL_CLIENTS:-16,32}" --torch-device cuda \
     --torch-threads 0 --configs "$configs" --skip "" --repeats 5 \
@@ -85,7 +85,7 @@ run_models() {
 }
 
 run_plans() {
-  timeout "${PLANS_TIMEOUT:-100}" python3 -m benchmarks.bench_plans \
+  timeout "${PLANS_TIMEOUT:-90}" python3 -m benchmarks.bench_plans \
     --models "${PLAN_MODELS:-user_mlp,cnn_small,cnn,vgg8}" \
     --clients "${PLAN_CLIENTS:-32}" \
     --plans "${PLANS:-1:ghost,4:ghost,16:ghost,full:ghost}" --repeats 5 \

@@ -17,7 +17,8 @@ Layout (adding a kernel or a layer rule is one module):
   gram.py     materialised gradients, Threshold-Clustering on their Gram matrix.
   direct.py   materialised gradients, distances from the gradients.
   ghost.py    Gram matrices from layer tokens, no per-client weight gradients.
-  trace.py    finds a loss's layers in its jaxpr; the tapped interpreter.
+  trace.py    finds a loss's layers in its jaxpr.
+  interpret.py  the tapped interpreter: the loss run again with taps.
   rules.py    the layer-rule protocol; dense.py and conv.py implement it;
               pool.py and conv_cpu.py register faster max-pooling and
               convolutions for the interpreter on XLA:CPU.
@@ -35,6 +36,7 @@ from prfl_jax.kernels import direct  # noqa: F401  (registers its kernel)
 from prfl_jax.kernels import engine
 from prfl_jax.kernels import ghost  # noqa: F401  (registers its kernel)
 from prfl_jax.kernels import gram  # noqa: F401  (registers its kernel)
+from prfl_jax.kernels import interpret  # noqa: F401
 from prfl_jax.kernels import plan as plan_lib
 from prfl_jax.kernels import pool  # noqa: F401  (registers max-pooling)
 from prfl_jax.kernels import resolve
@@ -65,6 +67,7 @@ __all__ = [
     "ExecutionPlan", "KERNELS", "Kernel", "PairsOutput", "ResolvedPlan",
     "check_plan", "cluster_at_models", "estimate_model_bytes", "resolve_plan",
     "base", "conv", "conv_cpu", "dense", "direct", "engine", "ghost", "gram",
+    "interpret",
     "plan",
     "pool", "resolve", "rules", "trace",
 ]

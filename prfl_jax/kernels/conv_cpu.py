@@ -1,4 +1,4 @@
-"""Convolutions on XLA:CPU for the ghost kernel's interpreter (`trace.evaluate`).
+"""XLA:CPU convolutions for the ghost kernel's interpreter (`interpret`).
 
 Two of XLA:CPU's convolution paths are slow in the shapes of the engine's
 rounds, and the interpreter runs these replacements in their place (same

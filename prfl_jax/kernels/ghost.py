@@ -42,6 +42,7 @@ import numpy as np
 
 from prfl_jax import tree as tree_lib
 from prfl_jax.kernels import base
+from prfl_jax.kernels import interpret
 from prfl_jax.kernels import trace
 
 PyTree = Any
@@ -244,10 +245,10 @@ def prepare(problem: base.Problem, params: PyTree, analysis: trace.Analysis,
   shared = [None] * len(analysis.groups)
   if shared_groups:
     active = analysis.active(shared_groups)
-    inline = trace.inline_paths(analysis, active)
+    inline = interpret.inline_paths(analysis, active)
     model = _model_leaves(analysis, one(params))
     batch_leaves = jax.tree.leaves(problem.batch)
-    xs = jax.vmap(lambda b: trace.evaluate(analysis, model + list(b), None,
+    xs = jax.vmap(lambda b: interpret.evaluate(analysis, model + list(b), None,
                                            active, inline)[1])(batch_leaves)
     for k, g in enumerate(analysis.groups):
       if g in shared_groups:
@@ -280,14 +281,14 @@ def ghost_grads(ctx: Context, x_i: PyTree, batch: PyTree) -> GhostGrads:
   n = tree_lib.num_leading(batch, "batch")
   model = _model_leaves(analysis, x_i)
   active = analysis.active()
-  inline = trace.inline_paths(analysis, active)
+  inline = interpret.inline_paths(analysis, active)
   rest_index = analysis.autodiff
 
   def client(rest, taps, b):
     leaves = list(model)
     for k, v in zip(rest_index, rest):
       leaves[k] = v
-    return trace.evaluate(analysis, leaves + list(b), taps, active, inline)
+    return interpret.evaluate(analysis, leaves + list(b), taps, active, inline)
 
   taps = {p: jnp.zeros((n,) + s.out_aval.shape, s.out_aval.dtype)
           for p, s in active.items()}

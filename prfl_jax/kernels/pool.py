@@ -15,7 +15,7 @@ the window) holding the maximum, which is the tap `select_and_scatter_add`
 with `select_prim=ge` picks (ties included; where windows overlap, the sum
 over taps may differ from XLA's in the last bit), and `pad_k` is the
 transpose of the k-th strided slice. The ghost kernel's interpreter
-(`kernels.trace.evaluate`) runs it in place of the `reduce_window_max`
+(`kernels.interpret.evaluate`) runs it in place of the `reduce_window_max`
 equations that `matches` accepts (`rules.register_replacement`).
 
 Not covered (`matches` is False, the equation is left as is): base and
