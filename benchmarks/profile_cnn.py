@@ -23,7 +23,7 @@ and timed for all N models:
 
 Times are the least CPU time of the process (all threads) over `--repeats`
 calls taken in turns, after one warm-up call; the PyTorch per-pair loop
-(`benchmarks.torch_loop`, 1 thread and torch's default) is timed alongside
+(`benchmarks.torch_loop`, `--torch-threads`) is timed alongside
 when torch is importable. The parts overlap (ghost_grads contains the
 tapped pass and the layers), so they do not add up to the round.
 
@@ -145,6 +145,11 @@ def main(argv=None) -> int:
   p.add_argument("--num-iters", type=common.positive_int, default=10)
   p.add_argument("--repeats", type=common.positive_int, default=5)
   p.add_argument("--width-divisor", type=common.positive_int, default=1)
+  p.add_argument("--torch-threads", type=lambda t: tuple(
+      int(v) for v in t.split(",")), default=(1,),
+                 help="torch.set_num_threads per run of the PyTorch loop (0: "
+                 "torch's default; on a loaded machine its threads can be "
+                 "10x slower)")
   p.add_argument("--no-torch", action="store_true")
   args = p.parse_args(argv)
   if args.clients < 2:
@@ -159,7 +164,7 @@ def main(argv=None) -> int:
     rows = profile(parts(loss_fn, params, batch, radius, args.num_iters),
                    args.clients, args.repeats)
   if not args.no_torch:
-    for threads in (1, 0):
+    for threads in args.torch_threads:
       res, _ = torch_loop.run_cnn_loop(spec, params, batch, radius,
                                        args.num_iters, threads, args.repeats,
                                        60.0)
