@@ -13,8 +13,9 @@ and timed for all N models:
                      interpreter (`interpret.evaluate`): layer inputs and output
                      cotangents, no weight gradients
   per layer L:       its input tokens (patches for a convolution), its
-                     per-client weight gradients materialised (`a^T d`), and
-                     its ghost Gram (*) from the tokens
+                     per-client weight gradients materialised (`a^T d`), and,
+                     for a layer the kernel runs through (*), its ghost Gram
+                     from the tokens
   ghost_grads        the whole of the above as the kernel runs it (the
                      per-layer choice of `ghost.layer_choices`)
   combine            the centre, one GEMM per (*) layer
@@ -81,10 +82,11 @@ def parts(loss_fn, params, batch, radius, num_iters):
       "tapped fwd+bwd": (tapped, (x0, batch), True),
   }
   xs, dys = jax.jit(tapped)(x0, batch)
-  for k, g in enumerate(analysis.groups):
+  choices = ghost.layer_choices(analysis, n)
+  for k, (g, use) in enumerate(zip(analysis.groups, choices)):
     name = (f"layer {k} {type(g.layer).__name__} M={g.num_tokens} "
-            f"p={g.width} q={g.layer.q}")
-    shared = ghost.layer_choices(analysis, n)[k] and g.shared_input
+            f"p={g.width} q={g.layer.q} {'(*)' if use else 'materialised'}")
+    shared = use and g.shared_input
     out[f"{name}: input tokens"] = (
         lambda xs, g=g: ghost._input_tokens(g, xs), (xs,), not shared)  # pylint: disable=protected-access
     out[f"{name}: weight grads a^T d"] = (
@@ -98,7 +100,8 @@ def parts(loss_fn, params, batch, radius, num_iters):
           ghost._input_gram(a)[j], rows[j], n, ctx.options.split,  # pylint: disable=protected-access
           ctx.options.min_split_rows) for j in range(g.layer.groups))
 
-    out[f"{name}: ghost Gram (*)"] = (gram, (xs, dys), True)
+    if use:  # Elsewhere its [N M, N M] matrices need not fit in memory.
+      out[f"{name}: ghost Gram (*)"] = (gram, (xs, dys), True)
   grads = jax.jit(lambda x, b: ghost.ghost_grads(ctx, x, b))(x0, batch)
   out["ghost_grads (as the kernel runs it)"] = (
       lambda x, b: ghost.ghost_grads(ctx, x, b), (x0, batch), True)
