@@ -43,7 +43,8 @@ from prfl_jax.clustering.threshold import threshold_clustering_with_info
 __all__ = [
     "ClusteringInfo", "QuantileRadius", "Radius", "RadiusRule", "as_float",
     "assign", "check_balls", "check_method", "check_radius", "check_weights",
-    "cluster_and_assign", "cluster_and_assign_with_info", "farthest_first", "gram_clustering_coefs",
+    "cluster_and_assign", "cluster_and_assign_with_info", "farthest_first",
+    "gram_clustering_coefs",
     "masked_quantile", "quantile_radius", "threshold_clustering",
     "threshold_clustering_with_info",
 ]
