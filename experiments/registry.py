@@ -216,14 +216,30 @@ def _knn(ctx, s):
   return prfl.algorithms.knn_per(ctx.loss_fn, optimizer(s), attack=ctx.attack)
 
 
-@register("fc", "FC (ours)", reads=_CLUSTERING + (
-    "groups", "fc_local_steps", "chunk_size", "kernel"))
+_FC = _CLUSTERING + ("groups", "fc_local_steps", "chunk_size", "kernel")
+# FC's Byzantine defences (`prfl_jax.algorithms.fc_defence`): duplicate
+# messages counted once, then each client limited to the median client's
+# number of balls (docs/design.md, "Byzantine robustness of FC").
+FC_DEFENCES = {"none": {}, "dedup": {"pre": True},
+               "ball_cap": {"pre": True, "ball_cap": 1.0}}
+
+
+@register("fc", "FC (ours)", reads=_FC)
 def _fc(ctx, s):
+  defence = FC_DEFENCES[s.get("fc_defence", "none")]
   return prfl.algorithms.federated_clustering(
       ctx.loss_fn, optimizer(s), radius=prfl.quantile_radius(s.quantile),
       num_iters=s.num_iters, num_groups=s.groups or 1,
       local_steps=s.fc_local_steps, attack=ctx.attack, plan=plan(s),
+      pre_aggregator=(prfl.aggregators.cap_duplicates() if defence.get("pre")
+                      else None), ball_cap=defence.get("ball_cap"),
       true_clusters=ctx.clusters)
+
+
+register("fc_dedup", "FC + cap_duplicates", reads=_FC,
+         fc_defence="dedup")(_fc)
+register("fc_ball_cap", "FC + cap_duplicates + ball cap", reads=_FC,
+         fc_defence="ball_cap")(_fc)
 
 
 @register("oracle", "Ground truth (oracle)")

@@ -169,3 +169,28 @@ def test_threshold_objective_is_zero_without_an_attack():
 def test_bad_arguments_raise(make):
   with pytest.raises((ValueError, TypeError)):
     make()
+
+
+def test_jittered_moves_each_row_by_scale_times_its_norm_and_unties():
+  """`jittered(alie())`: Byzantine row j is ALIE's row plus a vector of
+  norm 0.01 ||row||; benign rows are unchanged; cap_duplicates keeps every
+  Byzantine row. Seen to fail with the noise shared by all rows (tied)."""
+  msgs = _messages(7)
+  tied = _flat(attacks.alie()(msgs, BYZ, jax.random.key(0)))
+  moved = _flat(attacks.jittered(attacks.alie(), 0.01)(msgs, BYZ,
+                                                       jax.random.key(3)))
+  byz = np.asarray(BYZ)
+  np.testing.assert_array_equal(moved[~byz], tied[~byz])
+  shift = np.linalg.norm(moved - tied, axis=1)[byz]
+  np.testing.assert_allclose(shift, 0.01 * np.linalg.norm(tied[byz], axis=1),
+                             rtol=1e-4)
+  _, w = prfl.aggregators.cap_duplicates()({"x": jnp.asarray(moved[byz])})
+  np.testing.assert_array_equal(w, np.ones(F))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: attacks.jittered("alie"), lambda: attacks.jittered(
+        attacks.alie(), 0.0), lambda: attacks.jittered(attacks.alie(), True)])
+def test_jittered_bad_arguments_raise(make):
+  with pytest.raises((ValueError, TypeError)):
+    make()

@@ -36,6 +36,7 @@ def no_data_load(monkeypatch):
 @pytest.mark.parametrize("argv, match", [
     (["--dataset", "cifar"], "--dataset"),
     (["--attacks", "alie,bogus"], "--attacks"),
+    (["--heterogeneity", "dirichlet_5"], "--heterogeneity"),
     (["--algorithms", ""], "--algorithms"),
     (["--algorithms", "knn"], "--algorithms"),
     (["--references", "sgd"], "--references"),
@@ -112,12 +113,14 @@ def test_label_flip_changes_only_byzantine_clients():
 
 def test_every_attack_and_method_builds():
   s = registry.settings(_cfg())
-  for name in ("none",) + config.ATTACKS:
-    attack = config.make_attack(name, s)
-    assert (attack is None) == (name in ("none", "label_flip"))
+  for name in ("none",) + config.ATTACKS + config.STRONG_ATTACKS:
+    for method in ("fc_ball_cap", "global_median"):
+      attack = config.make_attack(name, s, method, 4)
+      assert (attack is None) == (name in ("none", "label_flip"))
   ctx = registry.Context(prfl.data.regression_loss, np.zeros(40, np.int32), 4,
                          jax.random.key(0), num_byzantine=4)
-  for name in config.METHODS + config.REFERENCES:
+  for name in config.METHODS + config.REFERENCES + ("fc_dedup",
+                                                    "fc_ball_cap"):
     alg = registry.build(name, ctx, registry.settings(_cfg(), name))
     assert isinstance(alg, prfl.algorithms.Algorithm)
 
@@ -159,7 +162,12 @@ def test_smoke_run_writes_every_output(tmp_path, capsys):
       (a, m) for a in ("none", "large", "bit_flip") for m in ("fc", "global")}
   config = json.loads((out / "config.json").read_text())
   assert config["config"]["rounds"] == 2 and config["versions"]["jax"]
-  for png in ("heatmap.png", "figure6.png"):
+  worst = json.loads((out / "worst_case.json").read_text())["worst_case"]
+  fc20 = [w for w in worst if w["fraction"] == 0.2][0]
+  assert fc20["worst"] == min(r["accuracy"] for r in grid["rows"]
+                              if r["fraction"] == 0.2)
+  assert "| FC (ours) |" in (out / "worst_case.md").read_text()
+  for png in ("heatmap.png", "figure6.png", "worst_case.png"):
     assert (out / png).read_bytes()[:4] == b"\x89PNG"
   assert (out / "grid.csv").read_text().startswith("accuracy,")
   assert not list(out.glob(".tmp-*"))
@@ -176,3 +184,31 @@ def test_groups_option_sets_fc_subgroups_and_is_checked(no_data_load, capsys):
   with pytest.raises(SystemExit):
     byzantine.main(["--groups", "41"])
   assert "--groups 41" in capsys.readouterr().err
+
+
+def test_worst_case_is_the_lowest_run_of_each_fraction():
+  """The attack-free run counts as one of the attacker's choices (Byzantine
+  clients may behave honestly); the drop is from that run. Seen to fail with
+  the minimum over the attacks alone (10% would be 0.88)."""
+  cfg = _cfg(["--attacks", "alie,nan", "--algorithms", "fc", "--fractions",
+              "0,0.1", "--part", "grid"])
+  rows = [_row(0.0, "none", "fc", 0.95), _row(0.1, "none", "fc", 0.80),
+          _row(0.1, "alie", "fc", 0.88), _row(0.1, "nan", "fc", 0.90)]
+  assert report.worst_case(cfg, rows) == [
+      {"fraction": 0.0, "method": "fc", "attack_free": 0.95, "worst": 0.95,
+       "worst_attack": "none", "drop": 0.0},
+      {"fraction": 0.1, "method": "fc", "attack_free": 0.80, "worst": 0.80,
+       "worst_attack": "none", "drop": 0.0}]
+
+
+def test_dirichlet_heterogeneity_keeps_one_task():
+  """`--heterogeneity dirichlet_0.1`: clients share the labels (no private
+  label shift) and their label mixes differ."""
+  cfg = _cfg(["--heterogeneity", "dirichlet_0.1", "--part", "grid"])
+  ds = prfl.data.load_dataset("digits")
+  fed = run_lib.federation(ds, cfg, "grid", 0.2)
+  assert "dirichlet" in fed.description and "task=none" in fed.description
+  y = fed.data.train[1]
+  counts = np.stack([np.bincount(r[r >= 0], minlength=10) for r in y])
+  assert (counts.max(1) / np.maximum(counts.sum(1), 1)).mean() > 0.5
+  assert fed.byzantine.sum() == 8

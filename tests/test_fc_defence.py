@@ -40,11 +40,11 @@ def _federation():
   return jnp.asarray(batch), byz, optima[cluster]
 
 
-def _benign_error(attack, pre_aggregator):
+def _benign_error(attack, pre_aggregator, ball_cap=None):
   batch, byz, optima = _federation()
   alg = prfl.algorithms.federated_clustering(
       _loss, optax.sgd(0.5), radius=prfl.quantile_radius(0.25),
-      attack=attack, pre_aggregator=pre_aggregator,
+      attack=attack, pre_aggregator=pre_aggregator, ball_cap=ball_cap,
       plan=prfl.ExecutionPlan(kernel="gram"))
   state = alg.init(jnp.zeros((len(byz), 16)), byzantine=jnp.asarray(byz))
   step = jax.jit(alg.step)
@@ -115,3 +115,67 @@ def test_bad_pre_aggregator_and_ghost_kernel_raise():
         _loss, optax.sgd(0.5), radius=1.0,
         pre_aggregator=prfl.aggregators.cap_duplicates(),
         plan=prfl.ExecutionPlan(kernel="ghost"))
+
+
+def test_cap_balls_limits_a_client_to_the_median_count():
+  """Sender 3 is in all 4 balls of the present models, senders 0-2 in 2
+  (median 2, cap 2): 3 keeps its own ball and one random other; nobody else
+  is touched; the absent senders 4-7 are never counted. Seen to fail with
+  the median taken over absent senders too (median 1, cap 1)."""
+  inside = np.eye(8, dtype=bool)
+  inside[:4, :4] = [[1, 1, 0, 1], [1, 1, 0, 1], [0, 0, 1, 1], [0, 0, 1, 1]]
+  weights = jnp.array([1.0] * 4 + [0.0] * 4)
+  for seed in range(5):
+    allowed = np.asarray(fc_defence.cap_balls(jnp.asarray(inside), weights,
+                                              1.0, jax.random.key(seed)))
+    np.testing.assert_array_equal(allowed[:, :3], np.ones((8, 3), bool))
+    assert allowed[3, 3] and allowed[:4, 3].sum() == 2, allowed
+  never = np.asarray(fc_defence.cap_balls(jnp.asarray(inside), weights, 2.0,
+                                          jax.random.key(0)))
+  assert never.all()
+
+
+@pytest.mark.parametrize("name", ["jittered_ipm", "spread_edge"])
+def test_ball_cap_holds_where_cap_duplicates_does_not(name):
+  """Untied attacks (IPM with every row jittered by 1% of its norm; the
+  ball-edge attack spread out) get through cap_duplicates (benign error
+  above 1.5x the attack-free one: every jittered copy counts) and not
+  through the ball cap (within 1.1x: a Byzantine client sent to every model
+  joins every ball; the cap lets it into as many balls as a median client).
+  Run without the cap (`defended_clustering` returning the first pass) the
+  second half fails."""
+  attack = {"jittered_ipm": prfl.attacks.jittered(prfl.attacks.ipm()),
+            "spread_edge": prfl.attacks.spread_edge(
+                prfl.quantile_radius(0.25))}[name]
+  dedup = prfl.aggregators.cap_duplicates()
+  clean, _ = _benign_error(None, None)
+  through, _ = _benign_error(attack, dedup)
+  capped, byz_in = _benign_error(attack, dedup, ball_cap=1.0)
+  assert through > 1.5 * clean, (through, clean)
+  assert capped < 1.1 * clean, (capped, clean)
+  assert byz_in < 0.1
+
+
+def test_ball_cap_above_every_count_changes_nothing():
+  """Without an attack no client joins 100x the median count: the second
+  pass is the first (up to float rounding, the two programs compile
+  differently). Under IPM this toy's median client is in no ball at all
+  (the tied copies fill them), so even a cap of 100x the median is 1."""
+  batch, byz, _ = _federation()
+  params = []
+  for ball_cap in (None, 100.0):
+    alg = prfl.algorithms.federated_clustering(
+        _loss, optax.sgd(0.5), radius=prfl.quantile_radius(0.25),
+        ball_cap=ball_cap, plan=prfl.ExecutionPlan(kernel="gram"))
+    state = alg.init(jnp.zeros((len(byz), 16)), byzantine=jnp.asarray(byz))
+    for t in range(20):
+      state, _ = alg.step(state, batch, jax.random.key(t))
+    params.append(np.asarray(state.params))
+  np.testing.assert_allclose(params[1], params[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("bad", [0.5, float("inf"), True, "1", -1])
+def test_bad_ball_cap_raises(bad):
+  with pytest.raises(ValueError, match="ball_cap"):
+    prfl.algorithms.federated_clustering(_loss, optax.sgd(0.5), radius=1.0,
+                                         ball_cap=bad)

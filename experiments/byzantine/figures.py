@@ -45,9 +45,37 @@ def plot_heatmap(cfg, rows: list, path: str):
   bottom.set_xlabel("attack")
   fig.colorbar(image, ax=axes[:, 0].tolist(), fraction=0.03,
                label="benign mean test accuracy (%)")
-  fig.suptitle(f"Byzantine grid: {cfg.data.dataset}, private label, "
+  fig.suptitle(f"Byzantine grid: {cfg.data.dataset}, {cfg.heterogeneity}, "
                f"{cfg.schedule.rounds} rounds († = NaN/Inf in a benign "
                "model)")
+  files.save_figure(fig, path)
+  plt.close(fig)
+
+
+def plot_worst_case(cfg, worst: list, path: str):
+  """Methods x Byzantine fraction: worst-case accuracy over the attacks."""
+  plt = files.pyplot()
+  fractions = sorted(cfg.fractions)
+  methods = list(cfg.algorithms.algorithms)
+  by = {(w["fraction"], w["method"]): w for w in worst}
+  grid = np.array([[100 * by[(f, m)]["worst"] for f in fractions]
+                   for m in methods])
+  fig, ax = plt.subplots(figsize=(1.1 * len(fractions) + 4,
+                                  0.4 * len(methods) + 1.6),
+                         constrained_layout=True)
+  image = ax.imshow(grid, vmin=0, vmax=100, cmap="viridis", aspect="auto")
+  for i in range(len(methods)):
+    for j in range(len(fractions)):
+      ax.text(j, i, f"{grid[i, j]:.1f}", ha="center", va="center",
+              fontsize=8, color="white" if grid[i, j] < 50 else "black")
+  ax.set_xticks(range(len(fractions)))
+  ax.set_xticklabels([f"{int(100 * f)}%" for f in fractions])
+  ax.set_xlabel("Byzantine clients")
+  ax.set_yticks(range(len(methods)))
+  ax.set_yticklabels([registry.label(m) for m in methods], fontsize=8)
+  fig.colorbar(image, ax=ax, label="worst-case benign accuracy (%)")
+  ax.set_title(f"{cfg.data.dataset}, {cfg.heterogeneity}: worst case over "
+               f"{len(cfg.attacks)} attacks", fontsize=9)
   files.save_figure(fig, path)
   plt.close(fig)
 

@@ -72,7 +72,7 @@ def grid_checks(cfg, rows: list) -> dict:
 def grid_markdown(cfg, rows: list, header: dict) -> str:
   by = {(r["fraction"], r["attack"], r["method"]): r for r in rows}
   methods = list(cfg.algorithms.algorithms)
-  lines = ["Benign mean test accuracy (%) on the private-label task; "
+  lines = [f"Benign mean test accuracy (%), {cfg.heterogeneity} clients; "
            "† = some benign model holds NaN/Inf. FC's column also gives "
            "the change from its attack-free run on the same federation "
            "(points) and the Byzantine share of the group inside its balls "
@@ -115,6 +115,52 @@ def grid_markdown(cfg, rows: list, header: dict) -> str:
                    + " | ".join(
           f"{by[(f, a, m)]['seconds']:.0f}" for m in methods) + " |")
   lines += [""] + [f"- {k}: {v}" for k, v in header.items()]
+  return "\n".join(lines) + "\n"
+
+
+def worst_case(cfg, rows: list) -> list:
+  """ByzFL's protocol: per method and Byzantine fraction, the lowest benign
+  accuracy over the grid's attacks (the attack-free run alone at 0%).
+
+  Returns:
+    rows `{"fraction", "method", "attack_free", "worst", "worst_attack",
+    "drop"}` (accuracies in [0, 1]; `drop` in points from the same
+    federation's attack-free run).
+  """
+  by = {(r["fraction"], r["attack"], r["method"]): r for r in rows}
+  out = []
+  for f in sorted(cfg.fractions):
+    for m in cfg.algorithms.algorithms:
+      runs = [by[(f, a, m)] for a in config.grid_attacks(f, cfg)]
+      low = min(runs, key=lambda r: r["accuracy"])
+      clean = by[(f, "none", m)]["accuracy"]
+      out.append({"fraction": f, "method": m, "attack_free": clean,
+                  "worst": low["accuracy"], "worst_attack": low["attack"],
+                  "drop": round(100 * (clean - low["accuracy"]), 2)})
+  return out
+
+
+def worst_case_markdown(cfg, worst: list, header: dict) -> str:
+  """Methods x fractions: worst-case accuracy (%), its attack and drop."""
+  fractions = sorted(cfg.fractions)
+  by = {(w["fraction"], w["method"]): w for w in worst}
+  lines = [f"Worst-case benign accuracy (%) over the attacks "
+           f"({', '.join(cfg.attacks)}), {cfg.heterogeneity} clients; in "
+           "brackets: the worst attack and the drop from the attack-free run "
+           "on the same federation (points).", "",
+           "| method | " + " | ".join(f"{int(100 * f)}% Byzantine"
+                                      for f in fractions) + " |",
+           "|---|" + "---:|" * len(fractions)]
+  for m in cfg.algorithms.algorithms:
+    cells = []
+    for f in fractions:
+      w = by[(f, m)]
+      cells.append(f"{100 * w['worst']:.1f}" + (
+          "" if f == 0 else
+          f" ({config.ATTACK_LABELS[w['worst_attack']]}, -{w['drop']:.1f})"))
+    lines.append(f"| {registry.label(m)} | " + " | ".join(cells) + " |")
+  lines += [""] + [f"- {k}: {v}" for k, v in header.items()
+                   if k != "checks"]
   return "\n".join(lines) + "\n"
 
 

@@ -79,7 +79,7 @@ def random_groups(key: jax.Array, num_clients: int, num_groups: int) -> _Groups:
 def _group_directions(loss_fn, gparams: PyTree, gbatch: PyTree,
                       gbyz: jax.Array, weight: jax.Array, key: jax.Array, *,
                       radius, num_iters: int, plan: kernels.ExecutionPlan,
-                      attack=None, pre_aggregator=None
+                      attack=None, pre_aggregator=None, ball_cap=None
                       ) -> kernels.PairsOutput:
   """Threshold-Clustering estimate for the S clients of one group.
 
@@ -90,17 +90,18 @@ def _group_directions(loss_fn, gparams: PyTree, gbatch: PyTree,
     gbyz: `[S]` bool, Byzantine group members (False on padding slots).
     weight: `[S]` 1.0 for real clients, 0.0 for padding.
     key: PRNG key of the attack noise.
-    radius, num_iters, attack, pre_aggregator: as in
+    radius, num_iters, attack, pre_aggregator, ball_cap: as in
       `federated_clustering`.
     plan: a resolved `ExecutionPlan` (see `kernels.resolve_plan`).
 
   Returns:
     `kernels.PairsOutput` with leading axis S (slot order).
   """
-  message_fn = fc_defence.message_fn(attack, pre_aggregator, gbyz, weight)
-  return kernels.cluster_at_models(
+  cluster = lambda message_fn: kernels.cluster_at_models(
       loss_fn, gparams, gbatch, radius=radius, num_iters=num_iters,
       weights=weight, plan=plan, message_fn=message_fn, key=key)
+  return fc_defence.defended_clustering(cluster, attack, pre_aggregator, gbyz,
+                                        weight, key, ball_cap)
 
 
 def _to_client_order(per_slot: PyTree, groups: _Groups) -> PyTree:
@@ -123,8 +124,8 @@ def clustered_update(loss_fn, optimizer: optax.GradientTransformation,
                      byzantine: jax.Array, key: jax.Array, *, radius,
                      num_iters: int, num_groups: int,
                      plan: kernels.ExecutionPlan, attack=None,
-                     cluster=True, pre_aggregator=None, grouping=None,
-                     round_index=0):
+                     cluster=True, pre_aggregator=None, ball_cap=None,
+                     grouping=None, round_index=0):
   """One clustering round: every client steps with its estimate `v_i`.
 
   Every client's group is clustered (Algorithm 1, line 7) and the client
@@ -151,8 +152,8 @@ def clustered_update(loss_fn, optimizer: optax.GradientTransformation,
     batch: leaves `[N, B, ...]`.
     byzantine: `[N]` bool.
     key: PRNG key (group shuffle and attack noise).
-    radius, num_iters, num_groups, plan, attack, pre_aggregator: as in
-      `federated_clustering`; `"auto"` fields of `plan` are resolved here,
+    radius, num_iters, num_groups, plan, attack, pre_aggregator, ball_cap:
+      as in `federated_clustering`; `"auto"` fields of `plan` are resolved here,
       for the group size (`kernels.resolve_plan`).
     cluster: `[]` bool, possibly traced: cluster (True) or take a plain local
       step (False; `RoundStats.inside` is then all False).
@@ -176,7 +177,8 @@ def clustered_update(loss_fn, optimizer: optax.GradientTransformation,
   plan = kernels.resolve_plan(plan, loss_fn, group_shape(params),
                               group_shape(batch),
                               messages=(attack is not None or
-                                        pre_aggregator is not None),
+                                        pre_aggregator is not None or
+                                        ball_cap is not None),
                               num_models=n)
   gkeys = jax.random.split(attack_key, num_groups)
 
@@ -189,7 +191,7 @@ def clustered_update(loss_fn, optimizer: optax.GradientTransformation,
       out = _group_directions(
           loss_fn, gparams, gbatch, byzantine[index] & (weight > 0), weight,
           gkey, radius=radius, num_iters=num_iters, plan=plan,
-          attack=attack, pre_aggregator=pre_aggregator)
+          attack=attack, pre_aggregator=pre_aggregator, ball_cap=ball_cap)
       coefs = (jnp.full(out.inside.shape, jnp.nan) if out.coefs is None
                else out.coefs)
       return out.centers, RoundStats(out.own_loss, out.own_grad_norm,
@@ -242,7 +244,7 @@ def federated_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
                          num_groups: int = 1, local_steps: int = 0,
                          attack=None,
                          plan: kernels.ExecutionPlan = kernels.ExecutionPlan(),
-                         pre_aggregator=None,
+                         pre_aggregator=None, ball_cap=None,
                          grouping=None,
                          true_clusters=None) -> base.Algorithm:
   """Federated-Clustering: personalized, Byzantine-robust training.
@@ -264,6 +266,10 @@ def federated_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
       gradients (after the attack) before Threshold-Clustering: a
       `prfl.aggregators` pre-aggregator keeping one row per client, e.g.
       `cap_duplicates()` (see `algorithms.fc_defence`).
+    ball_cap: optional defence across models: each round, a client's
+      message takes part in at most `ceil(ball_cap * m)` of the balls, m the
+      median number of balls a client joins (`fc_defence.cap_balls`; a second
+      clustering pass per round). None: no cap.
     grouping: how the `num_groups` groups are formed: None (uniformly at
       random every round, the paper's setting) or a rule such as
       `prfl.algorithms.fc_groups.cluster_aware()`.
@@ -287,14 +293,15 @@ def federated_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
   if pre_aggregator is not None and not callable(pre_aggregator):
     raise TypeError("`pre_aggregator` must be a prfl.aggregators "
                     f"pre-aggregator, got {type(pre_aggregator)}.")
-  if ((attack is not None or pre_aggregator is not None) and
+  fc_defence.check_ball_cap(ball_cap)
+  if ((attack is not None or pre_aggregator is not None or
+       ball_cap is not None) and
       plan.kernel in kernels.KERNELS and
       not kernels.KERNELS[plan.kernel].accepts_messages):
     raise ValueError(
-        f"`attack` and `pre_aggregator` need the materialised messages, "
-        f"which "
-        f"ExecutionPlan(kernel={plan.kernel!r}) never builds; use "
-        "kernel='gram'.")
+        "`attack`, `pre_aggregator` and `ball_cap` need the materialised "
+        f"messages, which ExecutionPlan(kernel={plan.kernel!r}) never "
+        "builds; use kernel='gram'.")
   if not callable(radius):
     clustering.check_radius(radius, 1)
   if grouping is not None and not callable(grouping):
@@ -321,8 +328,8 @@ def federated_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
         loss_fn, optimizer, state.params, state.opt_state, batch,
         state.byzantine, key, radius=radius, num_iters=num_iters,
         num_groups=num_groups, plan=plan, attack=attack,
-        cluster=cluster, pre_aggregator=pre_aggregator, grouping=grouping,
-        round_index=state.round)
+        cluster=cluster, pre_aggregator=pre_aggregator, ball_cap=ball_cap,
+        grouping=grouping, round_index=state.round)
     # Share of each client's group inside its final ball, and the share of
     # the group that is both Byzantine and inside (0 in local rounds).
     group_of = groups.slot // groups.index.shape[1]  # [N]

@@ -19,6 +19,8 @@ Modules:
   optimised.py  ALIE and IPM with a line search over their strength
                 (ByzFL's), Min-Max and Min-Sum (Shejwalkar and Houmansadr).
   fang.py       Fang et al.'s attacks on Krum and the trimmed mean.
+  adaptive.py   attacks adapted to Federated-Clustering's defences
+                (`jittered`: any attack, untied).
 
 References:
   Baruch et al., 2019 (ALIE); Xie et al., 2020 (IPM); Karimireddy et al., 2022
@@ -27,6 +29,7 @@ References:
   Shejwalkar and Houmansadr, 2021 (Min-Max, Min-Sum); Fang et al., 2020.
 """
 
+from prfl_jax.attacks.adaptive import jittered
 from prfl_jax.attacks.base import Attack
 from prfl_jax.attacks.base import PyTree
 from prfl_jax.attacks.edge import edge_radius
