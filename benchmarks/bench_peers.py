@@ -24,7 +24,7 @@ Per round, each system does:
   round's cohort is drawn from its key, its 50 clients' rows gathered, one
   epoch of SGD `vmap`ped over them, the mean change added to the one global
   model. The CNN's convolutions run as patches times kernel
-  (`prfl_jax.kernels.conv.conv_by_patches`): XLA:CPU's own convolution
+  (`prfl_jax.kernels.conv_cpu.conv_by_patches`): XLA:CPU's own convolution
   gradient is several times slower for these shapes (`--conv xla`).
 * pfl: `FederatedAveraging` on `SimulatedBackend`: one process, the cohort's
   users one after another in PyTorch (`--torch-threads`, default 1: on this
@@ -72,6 +72,7 @@ import prfl_jax as prfl
 from benchmarks import common
 from benchmarks import peers_task
 from prfl_jax.kernels import conv as conv_kernels
+from prfl_jax.kernels import conv_cpu
 from prfl_jax.participation import run as participation_run
 
 SYSTEMS = ("prfl_jax", "pfl", "flower")
@@ -84,7 +85,7 @@ def cnn_apply(conv: str):
   """pfl's simple_cnn on `peers_task` params; `x [B, 32, 32, 3]` -> logits."""
   def conv2d(x, p):
     if conv == "patches":
-      y = conv_kernels.conv_by_patches(x, p["kernel"], _CONV)
+      y = conv_cpu.conv_by_patches(x, p["kernel"], _CONV)
     else:
       y = lax.conv_general_dilated(x, p["kernel"], (1, 1), "VALID",
                                    dimension_numbers=("NHWC", "HWIO", "NHWC"))

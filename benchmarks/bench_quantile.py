@@ -2,9 +2,9 @@
 
 `clustering.masked_quantile` finds the k-th smallest distance by counting
 ranks (`O(N^2)` comparisons) for N <= `RANK_QUANTILE_MAX_N` and by
-`jnp.sort` above. This benchmark times both paths (the sort path is forced by
-setting `RANK_QUANTILE_MAX_N = 0` while tracing) on the same inputs, and
-checks that they give the same numbers:
+`jnp.sort` above. This benchmark times both paths (forced by its `method`
+argument, in a radius rule of its own) on the same inputs, and checks that
+they give the same numbers:
 
   * kernel: Threshold-Clustering on centred Gram matrices with
     `quantile_radius(q)` (10 steps, the radius recomputed at every step), for
@@ -18,7 +18,6 @@ checks that they give the same numbers:
 """
 
 import argparse
-import contextlib
 import os
 import sys
 import time
@@ -30,20 +29,14 @@ import optax
 
 import prfl_jax as prfl
 from prfl_jax import clustering
-from prfl_jax.clustering import radius as radius_lib
 from prfl_jax import sweep as sweep_lib
 from benchmarks import common
 
 
-@contextlib.contextmanager
-def sort_path():
-  """Traces `masked_quantile` with its sort path (for every N)."""
-  saved = radius_lib.RANK_QUANTILE_MAX_N
-  radius_lib.RANK_QUANTILE_MAX_N = 0
-  try:
-    yield
-  finally:
-    radius_lib.RANK_QUANTILE_MAX_N = saved
+def quantile_rule(q, method: str):
+  """`quantile_radius(q)` with `masked_quantile`'s `method` forced."""
+  return lambda d, present: clustering.masked_quantile(d, present, q,
+                                                       method=method)
 
 
 def _timed(compiled, args, repeats):
@@ -60,15 +53,13 @@ def kernel_rows(n, configs, models, repeats, seed):
   grams = jnp.asarray(np.einsum("gkip,gkjp->gkij", y, y))
   qs = jnp.linspace(0.1, 0.6, configs)
   weights = jnp.ones((n,), jnp.float32)
-  fn = lambda g, q: clustering.gram_clustering_coefs(
-      g, prfl.quantile_radius(q), 10, weights)
   out = {}
   for path in ("rank", "sort"):
-    ctx = sort_path() if path == "sort" else contextlib.nullcontext()
-    with ctx:
-      t0 = time.perf_counter()
-      compiled = jax.jit(jax.vmap(fn)).lower(grams, qs).compile()
-      compile_s = time.perf_counter() - t0
+    fn = lambda g, q, path=path: clustering.gram_clustering_coefs(
+        g, quantile_rule(q, path), 10, weights)
+    t0 = time.perf_counter()
+    compiled = jax.jit(jax.vmap(fn)).lower(grams, qs).compile()
+    compile_s = time.perf_counter() - t0
     median, best, (coefs, info) = _timed(compiled, (grams, qs), repeats)
     out[path] = dict(time_s=median, best_s=best, compile_s=compile_s,
                      coefs=np.asarray(coefs), inside=np.asarray(info.inside))
@@ -92,22 +83,21 @@ def sweep_row(rounds, repeats):
       num_samples=9)
   n = data.train["a"].shape[0]
   params = jnp.zeros((n, 10))
-  make = lambda hp: prfl.algorithms.federated_clustering(
+  make = lambda hp, path: prfl.algorithms.federated_clustering(
       prfl.data.regression_loss, optax.sgd(hp["lr"]),
-      radius=prfl.quantile_radius(hp["q"]), num_iters=10,
+      radius=quantile_rule(hp["q"], path), num_iters=10,
       plan=prfl.ExecutionPlan(None, "gram"))
   hp, keys = sweep_lib.grid(jnp.arange(3),
                             lr=jnp.array([3e-4, 1e-3, 3e-3, 1e-2]),
                             q=jnp.array([0.2, 0.5]))
-  fn = lambda h, k: sweep_lib.sweep(make, h, params, data.train, rounds,
-                                    keys=k).state.params
   out = {}
   for path in ("rank", "sort"):
-    ctx = sort_path() if path == "sort" else contextlib.nullcontext()
-    with ctx:
-      t0 = time.perf_counter()
-      compiled = jax.jit(fn).lower(hp, keys).compile()
-      compile_s = time.perf_counter() - t0
+    fn = lambda h, k, path=path: sweep_lib.sweep(
+        lambda hp: make(hp, path), h, params, data.train, rounds,
+        keys=k).state.params
+    t0 = time.perf_counter()
+    compiled = jax.jit(fn).lower(hp, keys).compile()
+    compile_s = time.perf_counter() - t0
     median, best, params_out = _timed(compiled, (hp, keys), repeats)
     out[path] = dict(time_s=median, best_s=best, compile_s=compile_s,
                      params=np.asarray(params_out))
@@ -142,8 +132,8 @@ def main(argv=None):
   except ValueError:
     p.error(f"--clients must be comma-separated integers, got "
             f"{args.clients!r}")
-  if any(not 2 <= c <= radius_lib.RANK_QUANTILE_MAX_N for c in clients):
-    p.error(f"--clients must lie in [2, {radius_lib.RANK_QUANTILE_MAX_N}]")
+  if any(not 2 <= c <= clustering.RANK_QUANTILE_MAX_N for c in clients):
+    p.error(f"--clients must lie in [2, {clustering.RANK_QUANTILE_MAX_N}]")
   for name in ("configs", "models", "repeats"):
     if getattr(args, name) < 1:
       p.error(f"--{name} must be >= 1")

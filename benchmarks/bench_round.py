@@ -33,71 +33,23 @@ the timed calls (sampled every 2 ms; a lower bound when freed memory is reused).
 """
 
 import argparse
-import functools
 import gc
 import sys
 import time
 
-from flax import linen as nn
 import jax
 from jax import flatten_util
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 import prfl_jax as prfl
 from prfl_jax import kernels
 from benchmarks import common
+from benchmarks import torch_loop
+from benchmarks import zoo
 
 DEFAULT_PLANS = ("full:gram,1:gram,1:direct,4:gram,full:ghost,1:ghost,"
                      "2:ghost,4:ghost,8:ghost")
-
-
-def user_loss(p, batch):
-  """The MNIST MLP's loss as a user writes it (params a flat dict)."""
-  x, y = batch
-  h = jax.nn.relu(x @ p["w1"] + p["b1"])
-  logits = h @ p["w2"] + p["b2"]
-  return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-
-
-class FlaxMLP(nn.Module):
-  """784-200-10 with `flax.linen.Dense` (params: Dense_0, Dense_1)."""
-
-  @nn.compact
-  def __call__(self, x):
-    x = nn.relu(nn.Dense(common.HIDDEN)(x))
-    return nn.Dense(common.OUT_DIM)(x)
-
-
-def flax_loss(params, batch):
-  x, y = batch
-  logits = FlaxMLP().apply({"params": params}, x)
-  return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-
-
-def _to_user(params):
-  return {"w1": params["Dense_0"]["kernel"], "b1": params["Dense_0"]["bias"],
-          "w2": params["Dense_1"]["kernel"], "b2": params["Dense_1"]["bias"]}
-
-
-def _from_user(p):
-  return {"Dense_0": {"kernel": p["w1"], "bias": p["b1"]},
-          "Dense_1": {"kernel": p["w2"], "bias": p["b2"]}}
-
-
-# name -> (loss_fn, library params -> its params, its centres -> library).
-LOSSES = {
-    "library": (common.mlp_loss, lambda p: p, lambda c: c),
-    "user": (user_loss, _to_user, _from_user),
-    "flax": (flax_loss, lambda p: p, lambda c: c),
-}
-
-
-def parse_radius(spec: str):
-  if spec.startswith("quantile:"):
-    return prfl.quantile_radius(float(spec.split(":")[1]))
-  return float(spec)
 
 
 def flat_centers(centers) -> np.ndarray:
@@ -110,7 +62,7 @@ def flat_centers(centers) -> np.ndarray:
 def run_plan(plan, params, batch, radius, num_iters, repeats, budget_s,
              loss="library"):
   """Compiles and times one jitted round with `plan` and the `loss` variant."""
-  loss_fn, convert, back = LOSSES[loss]
+  loss_fn, convert, back = zoo.LOSSES[loss]
   params = convert(params)
   fn = jax.jit(lambda p, b: back(kernels.cluster_at_models(
       loss_fn, p, b, radius=radius, num_iters=num_iters,
@@ -122,28 +74,10 @@ def run_plan(plan, params, batch, radius, num_iters, repeats, budget_s,
   xla_mb = None
   if mem is not None:
     xla_mb = (mem.temp_size_in_bytes + mem.output_size_in_bytes) / 2**20
-  res, out = _time_round(
+  res, out = common.time_round(
       lambda: jax.block_until_ready(compiled(params, batch)), repeats,
       budget_s)
   return dict(res, compile_s=compile_s, xla_mb=xla_mb), flat_centers(out)
-
-
-def _time_round(round_fn, repeats, budget_s):
-  """Runs `round_fn` once (warm-up), then times it with RSS sampling.
-
-  Fewer than `repeats` timed calls are made when the first call shows that
-  they would take longer than `budget_s`.
-
-  Returns:
-    `(dict(time_s, times, rss_mb), output of the first call)`.
-  """
-  t0 = time.perf_counter()
-  out = round_fn()
-  first_s = time.perf_counter() - t0
-  repeats = max(1, min(repeats, int(budget_s / max(first_s, 1e-9))))
-  with common.RssSampler() as rss:
-    t, times = common.median_time(round_fn, repeats, warmup=0)
-  return dict(time_s=t, times=times, rss_mb=rss.peak_growth_mb), out
 
 
 def run_jax_loop(params, batch, radius, num_iters, repeats, budget_s):
@@ -163,95 +97,14 @@ def run_jax_loop(params, batch, radius, num_iters, repeats, budget_s):
       centers.append(cluster(z, z[i]))
     return jax.block_until_ready(jnp.stack(centers))
 
-  res, out = _time_round(round_, repeats, budget_s)  # First call compiles.
+  res, out = common.time_round(round_, repeats, budget_s)  # Warm-up compiles.
   return res, np.asarray(out)
-
-
-def torch_threshold_clustering(torch, z, v, radius, num_iters):
-  """Algorithm 2, one centre, written as in the paper's PyTorch code."""
-  n = z.shape[0]
-  for _ in range(num_iters):
-    dist = torch.linalg.norm(z - v, dim=1)
-    if isinstance(radius, prfl.QuantileRadius):
-      tau = torch.quantile(dist, float(radius.q))
-    else:
-      tau = radius
-    inside = dist <= tau
-    v = (z[inside].sum(0) + (n - inside.sum()) * v) / n
-  return v
-
-
-def run_torch_loop(params, batch, radius, num_iters, repeats, budget_s,
-                   threads, device="cpu"):
-  """The paper's per-pair loop in PyTorch on `device`; None without torch."""
-  try:
-    import torch  # pylint: disable=g-import-not-at-top
-    from torch import nn  # pylint: disable=g-import-not-at-top
-    from torch.nn import functional as F  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return None, None
-  default_threads = torch.get_num_threads()
-  torch.set_num_threads(threads or default_threads)
-  try:
-    return _torch_loop(torch, nn, F, params, batch, radius, num_iters, repeats,
-                       budget_s, device)
-  finally:
-    torch.set_num_threads(default_threads)
-
-
-def _torch_loop(torch, nn, F, params, batch, radius, num_iters, repeats,
-                budget_s, device):
-  n = jax.tree.leaves(params)[0].shape[0]
-  to_t = lambda a: torch.from_numpy(np.array(a, np.float32)).to(device)
-  models = []
-  for i in range(n):
-    m = nn.Sequential(nn.Linear(common.IN_DIM, common.HIDDEN), nn.ReLU(),
-                      nn.Linear(common.HIDDEN, common.OUT_DIM))
-    with torch.no_grad():
-      for layer, name in ((m[0], "Dense_0"), (m[2], "Dense_1")):
-        layer.weight.copy_(to_t(params[name]["kernel"][i]).T)
-        layer.bias.copy_(to_t(params[name]["bias"][i]))
-    models.append(m.to(device))
-  xs = [to_t(batch[0][j]) for j in range(n)]
-  ys = [torch.from_numpy(np.array(batch[1][j], np.int64)).to(device)
-        for j in range(n)]
-  sync = torch.cuda.synchronize if device.startswith("cuda") else lambda: None
-
-  def round_():
-    centers = []
-    for i, m in enumerate(models):
-      grads = []
-      for j in range(n):
-        m.zero_grad()
-        loss = F.cross_entropy(m(xs[j]), ys[j])
-        loss.backward()
-        grads.append(torch.cat([p.grad.reshape(-1) for p in m.parameters()]))
-      with torch.no_grad():
-        z = torch.stack(grads)
-        centers.append(torch_threshold_clustering(torch, z, z[i].clone(),
-                                                  radius, num_iters))
-    out = torch.stack(centers)
-    sync()
-    return out
-
-  res, out = _time_round(round_, repeats, budget_s)
-  # Torch order: W1 [200, 784], b1, W2 [10, 200], b2 -> ravel_pytree order
-  # of the flax layout: Dense_0 (bias, kernel), Dense_1 (bias, kernel).
-  out = out.cpu().numpy()
-  h, d, k = common.HIDDEN, common.IN_DIM, common.OUT_DIM
-  w1 = out[:, :h * d].reshape(n, h, d).transpose(0, 2, 1).reshape(n, -1)
-  b1 = out[:, h * d:h * d + h]
-  w2 = out[:, h * d + h:h * d + h + k * h].reshape(n, k, h).transpose(
-      0, 2, 1).reshape(n, -1)
-  b2 = out[:, -k:]
-  return (dict(res, torch_threads=torch.get_num_threads()),
-          np.concatenate([b1, w1, b2, w2], axis=1))
 
 
 def bench_n(n, args, plans, gemm):
   """All configurations at N clients; returns result rows."""
   params, batch = common.mnist_like_federation(n, args.batch_size, args.seed)
-  radius = parse_radius(args.radius)
+  radius = common.parse_radius(args.radius)
   flops = 6.0 * common.NUM_PARAMS * args.batch_size * n * n
   rows, outs = [], {}
 
@@ -267,9 +120,9 @@ def bench_n(n, args, plans, gemm):
 
   if not args.no_loops:
     for threads in [int(t) for t in args.torch_threads.split(",")]:
-      res, out = run_torch_loop(params, batch, radius, args.num_iters,
-                                args.loop_repeats, args.budget_s, threads,
-                                args.torch_device)
+      res, out = torch_loop.run_mlp_loop(
+          params, batch, radius, args.num_iters, args.loop_repeats,
+          args.budget_s, threads, args.torch_device)
       if res is None:
         print("  torch is not importable: skipping the PyTorch loop "
               "(pip install torch==2.13.0, the `bench` extra).", flush=True)
@@ -297,7 +150,7 @@ def bench_n(n, args, plans, gemm):
       res, out = run_plan(s, params, batch, radius, args.num_iters,
                           args.repeats, args.budget_s, loss)
       add(name, "jax", res, out, dict(loss=loss, plan=common.plan_name(
-          kernels.resolve_plan(s, LOSSES[loss][0], LOSSES[loss][1](params),
+          kernels.resolve_plan(s, zoo.LOSSES[loss][0], zoo.LOSSES[loss][1](params),
                                batch))))
       gc.collect()
 
@@ -367,9 +220,9 @@ def main(argv=None):
   p.add_argument("--out", default="round_cpu.json")
   args = p.parse_args(argv)
   plans = [common.parse_plan(s) for s in args.plans.split(",")]
-  bad = [l for l in args.losses.split(",") if l not in LOSSES]
+  bad = [l for l in args.losses.split(",") if l not in zoo.LOSSES]
   if bad:
-    p.error(f"--losses: unknown {bad}; choose from {sorted(LOSSES)}")
+    p.error(f"--losses: unknown {bad}; choose from {sorted(zoo.LOSSES)}")
 
   info = common.machine_info()
   gemm = common.machine_gemm_gflops(args.gemm_size, args.torch_device)

@@ -19,7 +19,8 @@ jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp, numpy as np
 import prfl_jax as prfl
 from prfl_jax import kernels
-from benchmarks import bench_models as bm
+from benchmarks import torch_loop
+from benchmarks import zoo as bm
 spec = bm.SPECS["vgg8"]
 n = 8
 params, batch = bm.federation(spec, n, 16, 0)
@@ -27,7 +28,7 @@ _, loss_fn = bm.make_loss(spec)
 radius = prfl.quantile_radius(0.2)
 auto = bm.flat_centers(jax.jit(lambda p, b: kernels.cluster_at_models(loss_fn, p, b, radius=radius, num_iters=10).centers)(params, batch))
 auto = np.asarray(auto, np.float64)
-tl = bm.run_torch_loop(spec, params, batch, radius, 10, 1, 1, 1.0)["out"].astype(np.float64)
+tl = torch_loop.run_cnn_loop(spec, params, batch, radius, 10, 1, 1, 1.0)[1].astype(np.float64)
 gfn = jax.jit(jax.vmap(jax.grad(loss_fn), in_axes=(None, 0)))
 refs, margins = [], []
 for i in range(n):

@@ -1,5 +1,6 @@
 """Shared pieces of the benchmarks: the paper's MNIST MLP, timing, memory."""
 
+import argparse
 import functools
 import json
 import os
@@ -68,6 +69,32 @@ def parse_plan(spec: str) -> prfl.ExecutionPlan:
   if chunk not in ("full", "auto"):
     chunk = int(chunk)
   return prfl.ExecutionPlan(None if chunk == "full" else chunk, kernel)
+
+
+def positive_int(text: str) -> int:
+  """An argparse type: an integer >= 1."""
+  value = int(text)
+  if value < 1:
+    raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
+  return value
+
+
+def agreement_status(rows: list, limit: float = 1e-3) -> int:
+  """0 if every row's `rel_diff` (centres against the reference) is below
+  `limit`, else 1 after naming the rows that disagree."""
+  bad = [r for r in rows if not r["rel_diff"] < limit]
+  if bad:
+    print("WARNING: centres disagree: " + ", ".join(
+        f"{r['model']}/{r['n']}/{r['config']}" for r in bad))
+    return 1
+  return 0
+
+
+def parse_radius(spec: str):
+  """`"quantile:Q"` -> `prfl.quantile_radius(Q)`, else a float radius."""
+  if spec.startswith("quantile:"):
+    return prfl.quantile_radius(float(spec.split(":")[1]))
+  return float(spec)
 
 
 def plan_name(plan: prfl.ExecutionPlan) -> str:
@@ -151,6 +178,39 @@ def median_time(fn: Callable[[], object], repeats: int,
     fn()
     times.append(time.perf_counter() - t)
   return statistics.median(times), times
+
+
+def time_round(round_fn: Callable[[], object], repeats: int,
+               budget_s: float) -> tuple:
+  """Times a round: one warm-up call, then up to `repeats` timed calls.
+
+  Fewer timed calls are made when the warm-up shows that `repeats` would
+  take longer than `budget_s`; when the warm-up alone takes longer, it is
+  the measurement (a round compiled ahead of time has no compile in it).
+  Records each call's wall time and this process's CPU time (all its
+  threads; on a shared machine the steadier measure of the work), and the
+  growth of the resident set during the timed calls.
+
+  Returns:
+    `(dict(time_s (median wall), times, cpu_s (least CPU), cpu_times,
+    rss_mb), output of the last call)`.
+  """
+  t0, c0 = time.perf_counter(), time.process_time()
+  out = round_fn()
+  first, first_cpu = time.perf_counter() - t0, time.process_time() - c0
+  n = min(repeats, int(budget_s / max(first, 1e-9)))
+  if n < 1:
+    return dict(time_s=first, times=[first], cpu_s=first_cpu,
+                cpu_times=[first_cpu], rss_mb=None), out
+  times, cpu = [], []
+  with RssSampler() as rss:
+    for _ in range(n):
+      t0, c0 = time.perf_counter(), time.process_time()
+      out = round_fn()
+      times.append(time.perf_counter() - t0)
+      cpu.append(time.process_time() - c0)
+  return dict(time_s=statistics.median(times), times=times, cpu_s=min(cpu),
+              cpu_times=cpu, rss_mb=rss.peak_growth_mb), out
 
 
 class RssSampler:

@@ -1,37 +1,67 @@
 #!/usr/bin/env bash
 # The GPU checks, as one script for a lent GPU machine (see README.md).
 # Writes logs and JSON to ${OUT:-benchmarks/results}. STEPS picks and orders
-# the steps (default: all, the test suite first since it is the trust check):
-#   tests   the whole suite at JAX's default precision (TF32 matmuls on NVIDIA)
-#   round   bench_round: one FC round, prfl kernels vs the PyTorch loop (CUDA)
-#   models  bench_models: user-written Flax CNN / VGG-8 vs the PyTorch loop
-#   cifar   Figures 4-5 (VGG-16 / VGG-8): the real CIFAR binaries when the run
-#           carries them (CIFAR10_DIR / CIFAR100_DIR), else a short run on
-#           generated CIFAR-shaped images (speed and plumbing only)
-# The benchmarks set JAX's default matmul precision to "highest" (no TF32),
-# as PyTorch's float32 default is; the tests do not.
+# the steps (default: tests precision models plans, about 8 minutes on an
+# H100; each step has its own timeout, so the default stays under 10):
+#   tests     the whole suite at JAX's default precision (TF32 matmuls on
+#             NVIDIA), on pytest-xdist workers when xdist is installed
+#   precision check_ghost_precision: FC rounds and Gram matrices per kernel
+#             and precision against float64 (the block-Gram split defect)
+#   models    bench_models: user-written Flax CNN / VGG-8, centres against
+#             the fp32 PyTorch loop on CUDA (prfl's Gram kernel without it)
+#   plans     bench_plans: the default ExecutionPlan() against the fastest
+#             candidate plan, per model
+#   round     bench_round: one FC round, prfl kernels vs the PyTorch loop
+#   cifar     Figures 4-5 (VGG-16 / VGG-8): the real CIFAR binaries when the
+#             run carries them (CIFAR10_DIR / CIFAR100_DIR), else a short run
+#             on generated CIFAR-shaped images (speed and plumbing only)
+# Without a CUDA-enabled torch the torch steps say so in one line and go on
+# without the PyTorch loop. The benchmarks set JAX's default matmul
+# precision to "highest" (no TF32), as PyTorch's float32 default is; the
+# tests do not.
 set -u -o pipefail
 out="$(realpath -m "${OUT:-benchmarks/results}")"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=.
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv \
   | tee "$out/gpu_info.txt"
-python3 -c "import jax, flax, optax, torch; print('jax', jax.__version__, \
-'flax', flax.__version__, 'optax', optax.__version__, jax.devices(), \
-'torch', torch.__version__)" | tee -a "$out/gpu_info.txt"
+python3 -c "import jax, flax, optax; print('jax', jax.__version__, \
+'flax', flax.__version__, 'optax', optax.__version__, jax.devices())" \
+  | tee -a "$out/gpu_info.txt"
+if python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" \
+    2>/dev/null; then
+  torch_cuda=1
+  python3 -c "import torch; print('torch', torch.__version__, 'CUDA')" \
+    | tee -a "$out/gpu_info.txt"
+else
+  torch_cuda=0
+  echo "SKIP torch: no torch with CUDA here; the PyTorch-loop comparisons" \
+    "are left out (models: centres against prfl's Gram kernel instead)" \
+    | tee -a "$out/gpu_info.txt"
+fi
 
 run_tests() {
   # pytest-xdist when the machine has it (the suite is compile-bound).
-  local workers=()
+  # Without it, setup.cfg's addopts (-n auto) are dropped: -n needs xdist.
+  local workers=(-o "addopts=-q")
   if python3 -c "import xdist" 2>/dev/null; then
-    workers=(-n "${TEST_WORKERS:-8}")
+    workers=(-n "${TEST_WORKERS:-12}")
   fi
-  env -u JAX_DEFAULT_MATMUL_PRECISION timeout "${TESTS_TIMEOUT:-420}" \
+  env -u JAX_DEFAULT_MATMUL_PRECISION timeout "${TESTS_TIMEOUT:-270}" \
     python3 -m pytest -p no:cacheprovider "${workers[@]}" -rf \
     ${TESTS_ARGS:-} 2>&1 | tee "$out/tests_gpu.log" | tail -60
 }
 
+run_precision() {
+  timeout "${PRECISION_TIMEOUT:-110}" python3 -m benchmarks.check_ghost_precision \
+    --out "$out/ghost_precision_gpu.json" 2>&1 | tee "$out/ghost_precision_gpu.log"
+}
+
 run_round() {
+  if [ "$torch_cuda" = 0 ]; then
+    echo "SKIP round: bench_round compares with the PyTorch loop on CUDA"
+    return
+  fi
   JAX_DEFAULT_MATMUL_PRECISION=highest timeout "${ROUND_TIMEOUT:-400}" \
     python3 -m benchmarks.bench_round \
     --clients "${CLIENTS:-8,16,32,64}" --torch-device cuda --torch-threads 0 \
@@ -41,12 +71,26 @@ run_round() {
 }
 
 run_models() {
-  JAX_DEFAULT_MATMUL_PRECISION=highest timeout "${MODELS_TIMEOUT:-240}" \
+  local configs=torch-loop,"prfl auto"
+  if [ "$torch_cuda" = 0 ]; then
+    echo "SKIP models' PyTorch loop (no torch with CUDA): centres against" \
+      "prfl's Gram kernel"
+    configs="prfl gram,prfl auto"
+  fi
+  JAX_DEFAULT_MATMUL_PRECISION=highest timeout "${MODELS_TIMEOUT:-90}" \
     python3 -m benchmarks.bench_models \
-    --clients "${MODEL_CLIENTS:-16,32,64}" --torch-device cuda \
-    --torch-threads 0 --configs torch-loop,"prfl auto" --repeats 5 \
-    --budget-s "${MODELS_BUDGET_S:-10}" --out "$out/models_gpu.json" 2>&1 \
+    --clients "${MODEL_CLIENTS:-16,32}" --torch-device cuda \
+    --torch-threads 0 --configs "$configs" --skip "" --repeats 5 \
+    --budget-s "${MODELS_BUDGET_S:-5}" --out "$out/models_gpu.json" 2>&1 \
     | tee "$out/models_gpu.log"
+}
+
+run_plans() {
+  timeout "${PLANS_TIMEOUT:-90}" python3 -m benchmarks.bench_plans \
+    --models "${PLAN_MODELS:-user_mlp,cnn_small,cnn,vgg8}" \
+    --clients "${PLAN_CLIENTS:-32}" \
+    --plans "${PLANS:-1:ghost,4:ghost,16:ghost,full:ghost}" --repeats 5 \
+    --out "$out/plans_gpu.json" 2>&1 | tee "$out/plans_gpu.log"
 }
 
 run_cifar() {
@@ -63,7 +107,7 @@ run_cifar() {
     | tail -30 | tee "$out/cifar100.log"
 }
 
-for step in ${STEPS:-tests round models cifar}; do
+for step in ${STEPS:-tests precision models plans}; do
   echo "== $step  $(date -u +%H:%M:%S)"
   start=$SECONDS
   "run_$step"

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 from benchmarks import bench_models
+from benchmarks import torch_loop
+from benchmarks import zoo
 
 
 def test_smoke_run_agrees_and_writes_json(tmp_path):
@@ -31,17 +33,17 @@ def test_smoke_run_agrees_and_writes_json(tmp_path):
   assert auto["plan"].endswith("/ghost")  # The conv layers were found.
 
 
-@pytest.mark.parametrize("name", sorted(bench_models.SPECS))
+@pytest.mark.parametrize("name", sorted(zoo.SPECS))
 def test_torch_twin_computes_the_flax_model(name):
   """Same logits from the Flax model and its PyTorch twin (widths / 16)."""
   torch = pytest.importorskip("torch")
-  spec = bench_models.SPECS[name].scaled(16)
-  model, _ = bench_models.make_loss(spec)
+  spec = zoo.SPECS[name].scaled(16)
+  model, _ = zoo.make_loss(spec)
   images = np.random.default_rng(0).random((3,) + spec.image, np.float32)
   params = jax.jit(model.init)(jax.random.key(1), images)
   with jax.default_matmul_precision("highest"):  # fp32 as torch on CPU.
     logits = jax.jit(model.apply)(params, images)
-  net = bench_models._torch_net(torch, spec, params)  # pylint: disable=protected-access
+  net = torch_loop.torch_net(torch, spec, params)
   with torch.no_grad():
     theirs = net(torch.from_numpy(images).permute(0, 3, 1, 2))
   np.testing.assert_allclose(theirs.numpy(), logits, rtol=1e-4, atol=1e-5)

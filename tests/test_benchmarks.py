@@ -17,6 +17,7 @@ from benchmarks import bench_quantile
 from benchmarks import bench_round
 from benchmarks import bench_scale
 from benchmarks import common
+from benchmarks import torch_loop
 from tests import tolerances
 
 
@@ -50,7 +51,7 @@ def test_bench_round_user_and_flax_losses_agree(tmp_path):
   configs = {r["config"]: r for r in rows}
   assert {"auto/auto", "user:auto/auto", "flax:auto/auto",
           "flax:c2/gram"} <= set(configs)
-  chunk = tolerances.default_chunk()  # 1 on CPU.
+  chunk = tolerances.default_chunk(3)  # Every model at once.
   assert configs["user:auto/auto"]["plan"] == (
       f"c{chunk}/ghost" if chunk else "full/ghost")
 
@@ -96,7 +97,7 @@ def test_torch_loop_computes_prfls_centres():
   pytest.importorskip("torch")
   params, batch = common.mnist_like_federation(4, 3, seed=1)
   radius = prfl.quantile_radius(0.6)
-  _, torch_centres = bench_round.run_torch_loop(
+  _, torch_centres = torch_loop.run_mlp_loop(
       params, batch, radius, 5, repeats=1, budget_s=1.0, threads=1)
   _, prfl_centres = bench_round.run_plan(
       common.parse_plan("1:gram"), params, batch, radius, 5,

@@ -136,8 +136,11 @@ def test_quantile_matches_jnp_quantile():
   assert prfl.masked_quantile(jnp.ones(3), jnp.zeros(3, bool), 0.5) == 0.0
 
 
-@pytest.mark.parametrize("n", [7, 600])  # Rank counting and sorting paths.
-def test_quantile_with_ties_nan_and_inf(n):
+@pytest.mark.parametrize("n, method", [
+    (7, "auto"), (600, "auto"),  # Rank counting and sorting paths.
+    (7, "sort"), (600, "rank"),  # Each path forced at the other size.
+])
+def test_quantile_with_ties_nan_and_inf(n, method):
   rng = np.random.default_rng(n)
   for _ in range(10):
     v = rng.normal(size=n).astype(np.float32)
@@ -146,10 +149,13 @@ def test_quantile_with_ties_nan_and_inf(n):
     v[rng.random(n) < 0.1] = np.inf
     present = rng.random(n) < 0.8
     for q in (0.0, 0.2, 0.5, 0.93, 1.0):
-      out = prfl.masked_quantile(jnp.asarray(v), jnp.asarray(present), q)
+      out = prfl.masked_quantile(jnp.asarray(v), jnp.asarray(present), q,
+                                 method=method)
       ref = reference.quantile_linear(
           np.where(np.isnan(v), np.inf, v)[present], q)
       np.testing.assert_allclose(out, ref, rtol=1e-6)
+  with pytest.raises(ValueError, match="`method`"):
+    prfl.masked_quantile(jnp.ones(3), jnp.ones(3, bool), 0.5, method="heap")
 
 
 def test_assign_nearest_ties_and_nan():

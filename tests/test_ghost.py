@@ -12,6 +12,7 @@ from prfl_jax import kernels
 from prfl_jax import models
 from prfl_jax.kernels import base
 from prfl_jax.kernels import ghost
+from prfl_jax.kernels import trace
 from benchmarks import check_ghost_precision
 from tests import tolerances
 
@@ -58,9 +59,12 @@ def _tree_gram(grads):
   return flat @ flat.T
 
 
-def _ctx(loss, params, batch):
+def _ctx(loss, params, batch, **options):
   problem = base.Problem(loss, batch, 1.0, 1, jnp.ones((N,)))
-  return ghost.prepare(problem, params)
+  one = lambda t: jax.tree.map(lambda a: a[0], t)
+  return ghost.prepare(problem, params, trace.analyse(loss, one(params),
+                                                      one(batch)),
+                       ghost.Options(**options))
 
 
 def test_one_weight_gram_by_hand(always_ghost):
@@ -90,15 +94,14 @@ def test_one_weight_gram_by_hand(always_ghost):
 @pytest.mark.parametrize("n", [1, 2, 5, 9])
 def test_block_gram_matches_plain(n, monkeypatch):
   """The symmetric split gives the plain block sums, even and odd N."""
-  monkeypatch.setattr(ghost, "_MIN_SPLIT_ROWS", 4)
-  monkeypatch.setattr(ghost, "_splits", lambda: True)  # On any backend.
+  del monkeypatch
   rng = np.random.default_rng(n)
   a = rng.normal(size=(n * 3, 4))
   d = rng.normal(size=(n * 3, 2))
   ka = a @ a.T + 1
   plain = (ka * (d @ d.T)).reshape(n, 3, n, 3).sum(axis=(1, 3))
   out = ghost._block_gram(jnp.asarray(ka, jnp.float32),
-                          jnp.asarray(d, jnp.float32), n)
+                          jnp.asarray(d, jnp.float32), n, True, 4)
   np.testing.assert_allclose(out, plain, rtol=1e-5, atol=1e-5)
 
 
@@ -110,19 +113,17 @@ def test_block_gram_matches_plain(n, monkeypatch):
 ])
 def test_block_gram_splits_where_it_should(n, m, blocks, monkeypatch):
   """`_block_gram` splits exactly when it has >= 2 clients and more than
-  `_MIN_SPLIT_ROWS` rows, and computes each off-diagonal block once; the
+  `min_rows` rows, and computes each off-diagonal block once; the
   result stays the plain block sums. The `_cross` calls are recorded as
   `(n1, n2)` (client counts of each block).
 
   Mutations seen to fail (issue 12's mutation run): the stop test
-  `n < 2 or rows <= _MIN_SPLIT_ROWS` written with `and` (a single client
+  `n < 2 or rows <= min_rows` written with `and` (a single client
   above the limit then splits into an empty half and fails), as
   `n <= 2` or `n < 3` (two clients above the limit are no longer split, so
-  the off-diagonal block is computed twice), and `rows < _MIN_SPLIT_ROWS`
+  the off-diagonal block is computed twice), and `rows < min_rows`
   (a block of exactly the limit is split).
   """
-  monkeypatch.setattr(ghost, "_MIN_SPLIT_ROWS", 4)
-  monkeypatch.setattr(ghost, "_splits", lambda: True)  # On any backend.
   calls = []
   cross = ghost._cross
 
@@ -137,7 +138,7 @@ def test_block_gram_splits_where_it_should(n, m, blocks, monkeypatch):
   ka = a @ a.T + 1
   plain = (ka * (d @ d.T)).reshape(n, m, n, m).sum(axis=(1, 3))
   out = ghost._block_gram(jnp.asarray(ka, jnp.float32),
-                          jnp.asarray(d, jnp.float32), n)
+                          jnp.asarray(d, jnp.float32), n, True, 4)
   assert sorted(calls) == blocks
   np.testing.assert_allclose(out, plain, rtol=1e-5, atol=1e-5)
 
@@ -146,20 +147,17 @@ def test_block_gram_splits_where_it_should(n, m, blocks, monkeypatch):
                                              ("tpu", False)])
 def test_block_gram_splits_on_cpu_only(backend, splits, monkeypatch):
   """The split is XLA:CPU's: on an H100 it gave FC rounds 4e-2 off (see
-  `ghost._MIN_SPLIT_ROWS`), so an accelerator computes one block.
+  `ghost._MIN_SPLIT_ROWS`), so by default an accelerator computes one
+  block; `kernel(split=...)` forces it either way on any backend.
 
-  Mutation seen to fail: `_splits` returning True on every backend.
+  Mutation seen to fail: the default split resolved to True on every
+  backend.
   """
-  monkeypatch.setattr(ghost, "_MIN_SPLIT_ROWS", 4)
+  params, batch = _problem()
   monkeypatch.setattr(jax, "default_backend", lambda: backend)
-  calls = []
-  cross = ghost._cross
-  monkeypatch.setattr(ghost, "_cross", lambda *args: calls.append(
-      args[3:]) or cross(*args))
-  ka, d = jnp.ones((9, 9)), jnp.ones((9, 2))
-  out = ghost._block_gram(ka, d, 3)
-  assert (len(calls) > 1) == splits
-  np.testing.assert_array_equal(out, np.full((3, 3), 18.0))
+  assert _ctx(_loss, params, batch).options.split == splits
+  for forced in (True, False):
+    assert _ctx(_loss, params, batch, split=forced).options.split == forced
 
 
 @pytest.mark.parametrize("always", [True, False])
@@ -284,8 +282,8 @@ def test_auto_kernel_picks_ghost_only_where_it_applies():
   resolve = lambda loss, messages=False, kernel="auto": kernels.resolve_plan(
       kernels.ExecutionPlan(kernel=kernel), loss, params, batch,
       messages=messages)
-  assert resolve(_loss) == kernels.ExecutionPlan(tolerances.default_chunk(),
-                                                 "ghost")
+  assert resolve(_loss).plan == kernels.ExecutionPlan(
+      tolerances.default_chunk(N), "ghost")
   assert resolve(_loss, messages=True).kernel == "gram"
   assert resolve(_loss, kernel="direct").kernel == "direct"
   assert prfl.ExecutionPlan() == ("auto", "auto")
@@ -297,7 +295,7 @@ def test_auto_kernel_picks_ghost_only_where_it_applies():
   ref = kernels.cluster_at_models(
       _loss, params, batch, radius=1.0, num_iters=2, message_fn=flip,
       key=jax.random.PRNGKey(0),
-      plan=prfl.ExecutionPlan(tolerances.default_chunk(), "gram"))
+      plan=prfl.ExecutionPlan(tolerances.default_chunk(N), "gram"))
   jax.tree.map(np.testing.assert_array_equal, out.centers, ref.centers)
 
 

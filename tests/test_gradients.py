@@ -95,7 +95,7 @@ PLANS = [
     kernels.ExecutionPlan(None, "ghost"),
     kernels.ExecutionPlan(1, "ghost"),
     kernels.ExecutionPlan(3, "ghost"),
-    kernels.ExecutionPlan(),  # auto: chunk 1 and the ghost kernel on CPU.
+    kernels.ExecutionPlan(),  # auto: ghost, chunk from backend + loss.
 ]
 
 

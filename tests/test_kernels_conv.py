@@ -12,7 +12,10 @@ Mutations that these tests were seen to catch (each made once, then undone):
     (G, Og): its grouped and depthwise cases fail;
   * `conv_by_patches` with the kernel's spatial axes swapped:
     `test_engine_ghost_centres_equal_gram_on_a_flax_cnn` fails (the engine
-    runs it in place of the 2x2-map convolution).
+    runs it in place of the 2x2-map convolution);
+  * `conv_cpu.transpose_input` without `lax.rev` of the kernel, or with its
+    input and output features left unswapped, or padding after the input by
+    one less: `test_fast_input_gradient_is_the_convolutions` fails.
 """
 
 import jax
@@ -22,6 +25,7 @@ import numpy as np
 import pytest
 
 from prfl_jax.kernels import conv
+from prfl_jax.kernels import conv_cpu
 from tests import tolerances
 
 # name: (x shape, kernel shape, conv_general_dilated keyword arguments).
@@ -350,12 +354,40 @@ def test_conv_by_patches_is_the_convolution(name):
 
   @jax.jit
   def run(x, w, dy):
-    ours, our_vjp = jax.vjp(lambda x, w: conv.conv_by_patches(x, w, params),
-                            x, w)
+    ours, our_vjp = jax.vjp(
+        lambda x, w: conv_cpu.conv_by_patches(x, w, params), x, w)
     return ours, our_vjp(dy)
 
   ours, our_grads = run(x, w, dy)
   y, grads = _on_cpu(reference, x, w, dy)
+  np.testing.assert_allclose(ours, y, rtol=1e-5, atol=1e-5)
+  for got, want in zip(our_grads, grads):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+ONE_GROUP = sorted(k for k, (_, _, kw) in CASES.items()
+                   if kw.get("feature_group_count", 1) == 1)
+
+
+@pytest.mark.parametrize("name", ONE_GROUP)
+def test_fast_input_gradient_is_the_convolutions(name):
+  """`conv_with_fast_grads` has the convolution's output and both vjps, for
+  every layout, stride, dilation and padding (one feature group)."""
+  x_shape, w_shape, kwargs = CASES[name]
+  x, w = _normal(0, x_shape), _normal(1, w_shape)
+  params = dict(_layer(x, w, kwargs).params, precision=lax.Precision.HIGHEST,
+                preferred_element_type=None)
+  dy = _normal(2, jax.eval_shape(lambda: _conv(x, w, kwargs)).shape)
+
+  @jax.jit
+  def run(x, w, dy):
+    ours, our_vjp = jax.vjp(
+        lambda x, w: conv_cpu.conv_with_fast_grads(x, w, params), x, w)
+    return ours, our_vjp(dy)
+
+  ours, our_grads = run(x, w, dy)
+  y, grads = _on_cpu(lambda x, w, dy: (lambda y, vjp: (y, vjp(dy)))(
+      *jax.vjp(lambda x, w: _conv(x, w, kwargs), x, w)), x, w, dy)
   np.testing.assert_allclose(ours, y, rtol=1e-5, atol=1e-5)
   for got, want in zip(our_grads, grads):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -367,7 +399,7 @@ def test_slow_on_xla_cpu_flags_inputs_smaller_than_the_kernel():
     kwargs = dict(dict(window_strides=(1, 1), padding="SAME",
                        dimension_numbers=("NHWC", "HWIO", "NHWC")), **kwargs)
     params = conv.conv_params(len(x_shape), **kwargs)
-    return conv.slow_on_xla_cpu(params, x_shape, w_shape)
+    return conv_cpu.slow_on_xla_cpu(params, x_shape, w_shape)
 
   assert flag((4, 2, 2, 8), (3, 3, 8, 8))
   assert flag((4, 1, 1, 8), (3, 3, 8, 8))

@@ -6,7 +6,9 @@ Mutations seen caught (each made once, then undone):
   * taps visited in reverse order (last maximum instead of the first): it
     fails too;
   * the interior padding `st - 1` of the transposed slice dropped: the strided
-    cases fail.
+    cases fail;
+  * the tiling path interleaving as (tap, output) instead of (output, tap)
+    (`perm` pairs `(nd + d, d)`): the `flax_2x2` and `nchw` cases fail.
 """
 
 import flax.linen as nn
@@ -69,6 +71,8 @@ def test_values_and_gradient_match_reduce_window(name):
   np.testing.assert_allclose(our_dx, dx, rtol=1e-6, atol=1e-6)
   if window == strides:
     np.testing.assert_array_equal(our_dx, dx)
+  # Both ways of writing dx are exercised: interleaved where windows tile.
+  assert pool.tiles(p, shape) == (name in ("flax_2x2", "nchw"))
 
 
 def test_matches_flax_max_pool_under_vmap():

@@ -68,9 +68,12 @@ def _ghost_vs_autodiff(loss, params, batch, always, monkeypatch):
   problem = base.Problem(loss, batch, 1.0, 1, jnp.ones((N,)))
   coefs = jnp.linspace(-1.0, 2.0, N)
 
+  one = lambda t: jax.tree.map(lambda a: a[0], t)
+
   @jax.jit
   def run(params, batch):
-    ctx = ghost.prepare(problem._replace(batch=batch), params)
+    ctx = ghost.prepare(problem._replace(batch=batch), params,
+                        trace.analyse(loss, one(params), one(batch)))
     model = jax.tree.map(lambda a: a[0], params)
     out = ghost.ghost_grads(ctx, model, batch)
     combined = ghost.combine(ctx, coefs, out, jnp.ones((N,), bool),
@@ -87,7 +90,6 @@ def _ghost_vs_autodiff(loss, params, batch, always, monkeypatch):
   expected = jax.tree.map(lambda g: jnp.tensordot(coefs, g, axes=1), grads)
   jax.tree.map(lambda c, e: np.testing.assert_allclose(
       c, e, rtol=1e-4, atol=1e-5 * (1 + np.abs(e).max())), combined, expected)
-  one = lambda t: jax.tree.map(lambda a: a[0], t)
   analysis = trace.analyse(loss, one(params), one(batch))
   if always:
     assert len(out.tokens) == len(analysis.groups)
@@ -300,7 +302,8 @@ def test_no_recognised_layer_falls_back_and_warns_once():
         loss, p, b, radius=1.0, num_iters=3))(params, batch)
             for _ in range(2)]
     plan = kernels.resolve_plan(kernels.ExecutionPlan(), loss, params, batch)
-  assert plan == kernels.ExecutionPlan(tolerances.default_chunk(), "gram")
+  assert plan.plan == kernels.ExecutionPlan(tolerances.default_chunk(N),
+                                            "gram")
   found = [w for w in caught if "found no dense" in str(w.message)]
   assert len(found) == 1, [str(w.message) for w in caught]
   ref = kernels.cluster_at_models(loss, params, batch, radius=1.0,

@@ -94,8 +94,14 @@ def all_highest(fn, *args) -> bool:
 
 
 
-def default_chunk():
-  """The `chunk_size` that `ExecutionPlan()` resolves to for the tests'
-  small problems: 1 on CPU, None (every model at once) on an accelerator,
-  where they fit in memory (`prfl_jax.kernels.plan.default_chunk_size`)."""
-  return 1 if jax.default_backend() == "cpu" else None
+def default_chunk(num_models: int, convolutions: bool = False):
+  """The `chunk_size` that `ExecutionPlan()` resolves to for the tests' small
+  problems of `num_models` models: on CPU 1 for a loss with a convolution,
+  else 4 models (None, every model at once, when N <= 4); None on an
+  accelerator, where they fit in memory
+  (`prfl_jax.kernels.plan.default_chunk_size`)."""
+  if jax.default_backend() != "cpu":
+    return None
+  if convolutions:
+    return 1
+  return None if num_models <= 4 else 4

@@ -78,7 +78,7 @@ def random_groups(key: jax.Array, num_clients: int, num_groups: int) -> _Groups:
 
 def _group_directions(loss_fn, gparams: PyTree, gbatch: PyTree,
                       gbyz: jax.Array, weight: jax.Array, key: jax.Array, *,
-                      radius, num_iters: int, plan: kernels.ExecutionPlan,
+                      radius, num_iters: int, plan: kernels.ResolvedPlan,
                       attack=None, pre_aggregator=None, ball_cap=None
                       ) -> kernels.PairsOutput:
   """Threshold-Clustering estimate for the S clients of one group.
@@ -92,7 +92,7 @@ def _group_directions(loss_fn, gparams: PyTree, gbatch: PyTree,
     key: PRNG key of the attack noise.
     radius, num_iters, attack, pre_aggregator, ball_cap: as in
       `federated_clustering`.
-    plan: a resolved `ExecutionPlan` (see `kernels.resolve_plan`).
+    plan: the round's `kernels.ResolvedPlan` (not resolved again).
 
   Returns:
     `kernels.PairsOutput` with leading axis S (slot order).
@@ -289,19 +289,13 @@ def federated_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
   base.check_positive_int(num_iters, "num_iters")
   base.check_positive_int(num_groups, "num_groups")
   base.check_positive_int(local_steps, "local_steps", minimum=0)
-  kernels.check_plan(plan)
   if pre_aggregator is not None and not callable(pre_aggregator):
     raise TypeError("`pre_aggregator` must be a prfl.aggregators "
                     f"pre-aggregator, got {type(pre_aggregator)}.")
   fc_defence.check_ball_cap(ball_cap)
-  if ((attack is not None or pre_aggregator is not None or
-       ball_cap is not None) and
-      plan.kernel in kernels.KERNELS and
-      not kernels.KERNELS[plan.kernel].accepts_messages):
-    raise ValueError(
-        "`attack`, `pre_aggregator` and `ball_cap` need the materialised "
-        f"messages, which ExecutionPlan(kernel={plan.kernel!r}) never "
-        "builds; use kernel='gram'.")
+  kernels.check_plan(plan, messages=(attack is not None or
+                                     pre_aggregator is not None or
+                                     ball_cap is not None))
   if not callable(radius):
     clustering.check_radius(radius, 1)
   if grouping is not None and not callable(grouping):

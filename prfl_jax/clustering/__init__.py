@@ -29,6 +29,7 @@ from prfl_jax.clustering.assignment import farthest_first
 from prfl_jax.clustering.radius import check_radius
 from prfl_jax.clustering.radius import masked_quantile
 from prfl_jax.clustering.radius import quantile_radius
+from prfl_jax.clustering.radius import RANK_QUANTILE_MAX_N
 from prfl_jax.clustering.radius import QuantileRadius
 from prfl_jax.clustering.radius import Radius
 from prfl_jax.clustering.radius import RadiusRule
@@ -41,10 +42,10 @@ from prfl_jax.clustering.threshold import threshold_clustering
 from prfl_jax.clustering.threshold import threshold_clustering_with_info
 
 __all__ = [
-    "ClusteringInfo", "QuantileRadius", "Radius", "RadiusRule", "as_float",
-    "assign", "check_balls", "check_method", "check_radius", "check_weights",
-    "cluster_and_assign", "cluster_and_assign_with_info", "farthest_first",
-    "gram_clustering_coefs",
+    "ClusteringInfo", "QuantileRadius", "RANK_QUANTILE_MAX_N", "Radius",
+    "RadiusRule", "as_float", "assign", "check_balls", "check_method",
+    "check_radius", "check_weights", "cluster_and_assign",
+    "cluster_and_assign_with_info", "farthest_first", "gram_clustering_coefs",
     "masked_quantile", "quantile_radius", "threshold_clustering",
     "threshold_clustering_with_info",
 ]

@@ -21,8 +21,11 @@ Radius = Union[float, jax.Array, RadiusRule]
 RANK_QUANTILE_MAX_N = 512
 
 
-def masked_quantile(values: jax.Array, present: jax.Array,
-                    q: jax.Array) -> jax.Array:
+_QUANTILE_METHODS = ("auto", "rank", "sort")
+
+
+def masked_quantile(values: jax.Array, present: jax.Array, q: jax.Array, *,
+                    method: str = "auto") -> jax.Array:
   """`jnp.quantile(values[present], q)` (linear interpolation) under jit.
 
   NaN values count as +inf, and an infinite neighbour makes the result
@@ -32,17 +35,28 @@ def masked_quantile(values: jax.Array, present: jax.Array,
     values: `[N]` array.
     present: `[N]` bool mask of the values that take part.
     q: scalar in [0, 1].
+    method: how the k-th smallest value is found (same result): `"rank"`
+      counts ranks (`O(N^2)` comparisons), `"sort"` sorts, `"auto"` ranks
+      for N <= `RANK_QUANTILE_MAX_N` and sorts above.
 
   Returns:
     scalar.
+
+  Raises:
+    ValueError: on an unknown `method`.
   """
+  if method not in _QUANTILE_METHODS:
+    raise ValueError(
+        f"`method` must be one of {_QUANTILE_METHODS}, got {method!r}.")
+  if method == "auto":
+    method = "rank" if values.shape[0] <= RANK_QUANTILE_MAX_N else "sort"
   values = jnp.where(jnp.isnan(values), jnp.inf, values)
   masked = jnp.where(present, values, jnp.inf)
   count = jnp.sum(present)
   pos = q * jnp.maximum(count - 1, 0).astype(values.dtype)
   lo = jnp.floor(pos).astype(jnp.int32)
   hi = jnp.ceil(pos).astype(jnp.int32)
-  if values.shape[0] <= RANK_QUANTILE_MAX_N:
+  if method == "rank":
     # The k-th smallest value (0-based) is the least v_j with at least k + 1
     # values <= v_j.
     at_most = jnp.sum(masked[None, :] <= masked[:, None], axis=1)

@@ -4,14 +4,17 @@ A kernel computes, for one model `x_i`, Threshold-Clustering of the N clients'
 gradients `{g_j(x_i)}_j` with one centre started at the owner's `g_i(x_i)`
 (Werner et al., 2023, Algorithm 1, lines 6-7). It is two functions:
 
-* `prepare(problem, params) -> ctx`: round-level work shared by all models
-  (traced once per round, outside the map over models), e.g. the analysis of
-  the loss and the Gram matrices of layer inputs that do not depend on the
-  model.
+* `prepare(problem, params, analysis) -> ctx`: round-level work shared by all
+  models (traced once per round, outside the map over models), e.g. the Gram
+  matrices of layer inputs that do not depend on the model. `analysis` is the
+  loss's `trace.Analysis`, done once when the plan was resolved (None unless
+  the kernel says `needs_analysis` or the plan needed it).
 * `cluster(problem, ctx, index, x_i) -> PairsOutput`: one model.
 
 `register_kernel(name, Kernel(...))` makes `ExecutionPlan(kernel=name)` use
-it; adding a kernel is one module (`gram.py`, `direct.py`, `ghost.py`).
+it; adding a kernel is one module (`gram.py`, `direct.py`, `ghost.py`). A
+`Kernel` may also be given to `ExecutionPlan(kernel=...)` itself (a variant
+of a registered kernel, e.g. `ghost.kernel(split=False)`).
 """
 
 from typing import Any, Callable, NamedTuple, Optional
@@ -50,11 +53,13 @@ class PairsOutput(NamedTuple):
 
 class Kernel(NamedTuple):
   """One way to cluster the all-pairs gradients (see module docstring)."""
-  prepare: Callable[[Problem, PyTree], Any]
+  prepare: Callable[[Problem, PyTree, Any], Any]
   cluster: Callable[[Problem, Any, jax.Array, PyTree], PairsOutput]
   # False: the kernel never builds the messages, so `message_fn` (an attack)
   # cannot be applied to them.
   accepts_messages: bool = True
+  # True: `prepare` needs the loss's `trace.Analysis`.
+  needs_analysis: bool = False
 
 
 KERNELS = {}

@@ -32,10 +32,8 @@ XLA:CPU; the tests check the two against each other.) `fold` undoes that order
 and the dimension numbers, so `fold(A^T D)` is the kernel's gradient in its own
 shape and layout (HWIO for flax, OIHW for torch-style dimension numbers).
 
-`conv_by_patches` computes the convolution itself from the same patches (one
-GEMM per group); the engine's interpreter uses it where XLA:CPU's own
-convolution is slow (`slow_on_xla_cpu`: inputs smaller than the kernel, such
-as the 2x2 maps of a CIFAR VGG's last block).
+`kernels/conv_cpu.py` computes the convolution itself from the same patches
+where XLA:CPU's own convolution is slow, for the engine's interpreter.
 
 Supported: any spatial rank (1-D, 2-D, 3-D), window strides, explicit padding
 (a jaxpr always carries pairs; `"SAME"` / `"VALID"` are accepted by the pure
@@ -98,15 +96,17 @@ def conv_params(lhs_ndim: int, *, window_strides: Sequence[int],
               batch_group_count=int(batch_group_count))
 
 
-def _dimension_numbers(params: Params, ndim: int) -> lax.ConvDimensionNumbers:
+def dimension_numbers_of(params: Params,
+                         ndim: int) -> lax.ConvDimensionNumbers:
+  """The params' dimension numbers as a `lax.ConvDimensionNumbers`."""
   dn = params.get("dimension_numbers")
   if isinstance(dn, lax.ConvDimensionNumbers):
     return dn
   return lax.conv_dimension_numbers((1,) * ndim, (1,) * ndim, dn)
 
 
-def _explicit_padding(params: Params, in_spatial: Sequence[int],
-                      filter_spatial: Sequence[int]) -> Tuple:
+def explicit_padding(params: Params, in_spatial: Sequence[int],
+                     filter_spatial: Sequence[int]) -> Tuple:
   """`(low, high)` pairs, from pairs or from `"SAME"` / `"VALID"`."""
   padding = params["padding"]
   if not isinstance(padding, str):
@@ -139,9 +139,9 @@ def patches(x: jax.Array, filter_spatial: Sequence[int],
     over `filter_spatial`) of input channel `c` multiplies at output
     position `t` (zero where the window covers padding or dilation holes).
   """
-  lhs = _dimension_numbers(params, x.ndim).lhs_spec
+  lhs = dimension_numbers_of(params, x.ndim).lhs_spec
   x = jnp.transpose(x, (lhs[0],) + tuple(lhs[2:]) + (lhs[1],))
-  pads = _explicit_padding(params, x.shape[1:-1], filter_spatial)
+  pads = explicit_padding(params, x.shape[1:-1], filter_spatial)
   config = ([(0, 0, 0)] + [(lo, hi, d - 1) for (lo, hi), d in
                            zip(pads, params["lhs_dilation"])] + [(0, 0, 0)])
   x = lax.pad(x, jnp.zeros((), x.dtype), config)
@@ -175,7 +175,7 @@ def tokens(x: jax.Array, dy: jax.Array, params: Params,
     `a` depends only on `x`, `d` only on `dy`.
   """
   ndim = x.ndim
-  _, rhs, out = _dimension_numbers(params, ndim)
+  _, rhs, out = dimension_numbers_of(params, ndim)
   g = params.get("feature_group_count", 1)
   d = jnp.transpose(dy, (out[0],) + tuple(out[2:]) + (out[1],))
   out_spatial, o = d.shape[1:-1], d.shape[-1]
@@ -205,7 +205,7 @@ def fold(w: jax.Array, params: Params,
     array of `kernel_shape`: entry `[o, cg, k...]` (in `rhs_spec` order) is
     `w[o // Og, k * Cg + cg, o % Og]`.
   """
-  rhs = _dimension_numbers(params, len(kernel_shape)).rhs_spec
+  rhs = dimension_numbers_of(params, len(kernel_shape)).rhs_spec
   g = params.get("feature_group_count", 1)
   o, cg = kernel_shape[rhs[0]], kernel_shape[rhs[1]]
   filter_spatial = tuple(kernel_shape[i] for i in rhs[2:])
@@ -222,10 +222,10 @@ def fold(w: jax.Array, params: Params,
   return jnp.transpose(w, [src[axis] for axis in range(n + 2)])
 
 
-def _out_spatial(params: Params, in_spatial: Sequence[int],
-                 filter_spatial: Sequence[int]) -> Tuple[int, ...]:
+def out_spatial_size(params: Params, in_spatial: Sequence[int],
+                     filter_spatial: Sequence[int]) -> Tuple[int, ...]:
   """The output's spatial sizes, in the order of the spatial dimensions."""
-  pads = _explicit_padding(params, in_spatial, filter_spatial)
+  pads = explicit_padding(params, in_spatial, filter_spatial)
   out = []
   for s, k, (lo, hi), ld, rd, st in zip(
       in_spatial, filter_spatial, pads, params["lhs_dilation"],
@@ -233,79 +233,6 @@ def _out_spatial(params: Params, in_spatial: Sequence[int],
     size = (s - 1) * ld + 1 + lo + hi - ((k - 1) * rd + 1)
     out.append(max(0, size // st + 1))
   return tuple(out)
-
-
-def slow_on_xla_cpu(params: Params, x_shape: Sequence[int],
-                    kernel_shape: Sequence[int]) -> bool:
-  """Whether XLA:CPU's convolution is the slow kind for these shapes.
-
-  XLA:CPU runs a convolution whose (dilated) input is smaller than its
-  (dilated) kernel in some spatial dimension, e.g. a 3x3 SAME convolution of
-  a 2x2 or 1x1 feature map (the last block of a CIFAR VGG), with a generic
-  loop: measured 2.2 s for 2.4 GFLOP (128 x 2x2x512 -> 512), against 26 ms
-  for `conv_by_patches` (and 85x for the input gradient). Larger inputs go
-  to its fast convolution, which beats `conv_by_patches`.
-
-  Args:
-    params: the primitive's params.
-    x_shape: the input's shape.
-    kernel_shape: the kernel's shape.
-  """
-  lhs, rhs, _ = _dimension_numbers(params, len(x_shape))
-  for i, (a, b) in enumerate(zip(lhs[2:], rhs[2:])):
-    dilated_in = (x_shape[a] - 1) * params["lhs_dilation"][i] + 1
-    dilated_k = (kernel_shape[b] - 1) * params["rhs_dilation"][i] + 1
-    if dilated_in < dilated_k:
-      return True
-  return False
-
-
-def conv_by_patches(x: jax.Array, w: jax.Array, params: Params) -> jax.Array:
-  """`conv_general_dilated(x, w, **params)` as patches times the kernel.
-
-  The same convolution (up to float summation order) as one GEMM per feature
-  group on the patches of `tokens`; its gradients (by autodiff: a GEMM and the
-  transposes of strided slices) avoid XLA:CPU's slow convolutions (see
-  `slow_on_xla_cpu`).
-
-  Args:
-    x: the input, layout per `params["dimension_numbers"]`.
-    w: the kernel, layout per `params["dimension_numbers"]`.
-    params: the primitive's params (`precision` and `preferred_element_type`
-      are honoured when present).
-
-  Returns:
-    the output, in its layout.
-
-  Raises:
-    ValueError: for `batch_group_count > 1` (not supported).
-  """
-  if params.get("batch_group_count", 1) != 1:
-    raise ValueError("conv_by_patches needs batch_group_count == 1, got "
-                     f"{params['batch_group_count']}.")
-  lhs, rhs, out = _dimension_numbers(params, x.ndim)
-  g = params.get("feature_group_count", 1)
-  filter_spatial = [w.shape[i] for i in rhs[2:]]
-  n = len(filter_spatial)
-  in_spatial = [x.shape[i] for i in lhs[2:]]
-  out_spatial = _out_spatial(params, in_spatial, filter_spatial)
-  a = patches(x, filter_spatial, out_spatial, params)  # [B, T.., K * C]
-  k = math.prod(filter_spatial)
-  o, cg = w.shape[rhs[0]], w.shape[rhs[1]]
-  wc = jnp.transpose(w, tuple(rhs[2:]) + (rhs[1], rhs[0]))  # [k.., Cg, O]
-  kwargs = dict(precision=params.get("precision"),
-                preferred_element_type=params.get("preferred_element_type"))
-  if g == 1:
-    y = jnp.matmul(a, wc.reshape(k * cg, o), **kwargs)
-  else:
-    a = a.reshape(a.shape[:-1] + (k, g, cg))
-    y = jnp.einsum("...kgc,kcgo->...go", a, wc.reshape(k, cg, g, o // g),
-                   **kwargs)
-    y = y.reshape(y.shape[:-2] + (o,))
-  # y is (N, spatial.., O); axis out[0] of the result is N, out[1] is O.
-  src = {out[0]: 0, out[1]: n + 1}
-  src.update({out[2 + i]: 1 + i for i in range(n)})
-  return jnp.transpose(y, [src[axis] for axis in range(n + 2)])
 
 
 def _hashable(params: Params) -> dict:
@@ -373,7 +300,7 @@ def match(params: dict, in_avals: tuple,
     return None
   x_aval, w_aval = in_avals
   hashable = _hashable(params)
-  lhs, rhs, out = _dimension_numbers(hashable, x_aval.ndim)
+  lhs, rhs, out = dimension_numbers_of(hashable, x_aval.ndim)
   hashable["dimension_numbers"] = lax.ConvDimensionNumbers(lhs, rhs, out)
   out_aval = jax.eval_shape(
       lambda x, w: lax.conv_general_dilated(
@@ -392,14 +319,3 @@ def match(params: dict, in_avals: tuple,
 
 
 rules.register_rule(lax.conv_general_dilated_p, match)
-
-
-def _replaces(params: Params, avals: tuple) -> bool:
-  """The interpreter runs `conv_by_patches` on XLA:CPU's slow convolutions."""
-  return (jax.default_backend() == "cpu" and
-          params.get("batch_group_count", 1) == 1 and
-          slow_on_xla_cpu(params, avals[0].shape, avals[1].shape))
-
-
-rules.register_replacement(lax.conv_general_dilated_p, _replaces,
-                           lambda params, x, w: conv_by_patches(x, w, params))

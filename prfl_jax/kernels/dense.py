@@ -20,7 +20,6 @@ import dataclasses
 import math
 from typing import Tuple
 
-import jax
 from jax import lax
 import jax.numpy as jnp
 

@@ -16,8 +16,8 @@ from prfl_jax.kernels import base
 from prfl_jax.kernels import gram
 
 
-def _prepare(problem, params):
-  del problem, params
+def _prepare(problem, params, analysis):
+  del problem, params, analysis
   return None
 
 

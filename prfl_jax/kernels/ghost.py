@@ -32,14 +32,17 @@ References:
   al., 2022); here it is used across clients and models.
 """
 
+import functools
 from typing import Any, NamedTuple, Optional, Tuple
 
 import jax
 from jax import lax
 import jax.numpy as jnp
+import numpy as np
 
 from prfl_jax import tree as tree_lib
 from prfl_jax.kernels import base
+from prfl_jax.kernels import interpret
 from prfl_jax.kernels import trace
 
 PyTree = Any
@@ -48,17 +51,23 @@ _HIGHEST = lax.Precision.HIGHEST
 # Below this many rows (clients x tokens) a diagonal block of (*) is computed
 # as one GEMM; above, it is split in halves and the off-diagonal block is
 # computed once for both (measured 2x faster at 1024 rows on XLA:CPU). On
-# CPU only: on an H100 (jax 0.11.2) FC's rounds through the split with 9
-# clients (halves of 4 and 5) and all models in one vmap came out 4e-2 off
-# at HIGHEST precision, while the same round unsplit, or split with 3 models
-# per chunk, matched the CPU to 6e-8 (benchmarks/check_ghost_precision.py;
-# cause not established). The split was never measured to help on a GPU.
+# CPU only by default (`kernel(split=None)`): on an H100 (jax 0.11.2) FC's
+# rounds through the split with 9 clients (halves of 4 and 5) and all models
+# in one vmap came out 4e-2 off at HIGHEST precision, while the same round
+# unsplit, or split with 3 models per chunk, matched the CPU to 6e-8
+# (benchmarks/check_ghost_precision.py). The split was never measured to
+# help on a GPU.
 _MIN_SPLIT_ROWS = 256
 
 
-def _splits() -> bool:
-  """Whether `_block_gram` splits large blocks (on XLA:CPU only, see above)."""
-  return jax.default_backend() == "cpu"
+class Options(NamedTuple):
+  """Variants of the ghost kernel (same results; see `kernel`)."""
+  # Split large diagonal blocks of (*) in halves: None on XLA:CPU only.
+  split: Optional[bool] = None
+  # Every recognised layer through (*), not only where it costs fewer FLOPs.
+  always: bool = False
+  # Rows above which a block is split (`_block_gram`).
+  min_split_rows: int = _MIN_SPLIT_ROWS
 
 
 def uses_ghost(num_clients: int, tokens: int, p: int, q: int, shared: bool,
@@ -90,18 +99,20 @@ def _cross(ka: jax.Array, d1: jax.Array, d2: jax.Array, n1: int,
   return jnp.sum(prod.reshape(n1, prod.shape[0] // n1, n2, -1), axis=(1, 3))
 
 
-def _block_gram(ka: jax.Array, d: jax.Array, n: int) -> jax.Array:
+def _block_gram(ka: jax.Array, d: jax.Array, n: int, split: bool,
+                min_rows: int = _MIN_SPLIT_ROWS) -> jax.Array:
   """`[n, n]` block sums of `ka * (d @ d.T)` for symmetric `ka` `[nM, nM]`.
 
-  The matrix is symmetric, so on CPU it is split in halves of clients and
-  the off-diagonal block is computed once.
+  The matrix is symmetric, so with `split` a block of more than `min_rows`
+  rows is split in halves of clients and the off-diagonal block is
+  computed once.
   """
-  if n < 2 or d.shape[0] <= _MIN_SPLIT_ROWS or not _splits():
+  if n < 2 or d.shape[0] <= min_rows or not split:
     return _cross(ka, d, d, n, n)
   h = n // 2
   r = h * (d.shape[0] // n)
-  top = _block_gram(ka[:r, :r], d[:r], h)
-  bottom = _block_gram(ka[r:, r:], d[r:], n - h)
+  top = _block_gram(ka[:r, :r], d[:r], h, split, min_rows)
+  bottom = _block_gram(ka[r:, r:], d[r:], n - h, split, min_rows)
   off = _cross(ka[:r, r:], d[:r], d[r:], h, n - h)
   return jnp.block([[top, off], [off.T, bottom]])
 
@@ -123,24 +134,53 @@ class Context(NamedTuple):
   # Per layer group: None, or (a [N, G, M, p'] finite, K_a [G, N M, N M]) of
   # a group whose input does not depend on the model.
   shared: Tuple[Optional[tuple], ...]
+  options: Options  # with `split` resolved to a bool.
 
 
 def _float(x: jax.Array) -> jax.Array:
   return x.astype(jnp.promote_types(x.dtype, jnp.float32))
 
 
-def _input_tokens(group: trace.LayerGroup, xs: dict) -> jax.Array:
-  """`a [N, G, M, p']` of a layer group from its sites' inputs `[N, ...]`."""
+def _input_tokens(group: trace.LayerGroup, xs: dict,
+                  bias_column: bool = True) -> jax.Array:
+  """`a [N, G, M, p']` of a layer group from its sites' inputs `[N, ...]`.
+
+  With `bias_column`, a group with a bias gets the column `p` that is 1 on
+  the tokens of the sites with the bias added (`_bias_mask`), else `p' = p`.
+  """
   parts = []
   for s in group.sites:
     zeros = jnp.zeros(s.out_aval.shape, s.out_aval.dtype)
     a = jax.vmap(lambda x, l=s.layer, z=zeros: l.tokens(x, z)[0])(xs[s.path])
-    a = _float(a)
-    if group.bias is not None:
-      ones = jnp.full(a.shape[:-1] + (1,), 1.0 if s.bias else 0.0, a.dtype)
-      a = jnp.concatenate([a, ones], axis=-1)
-    parts.append(a)
-  return jnp.concatenate(parts, axis=2)
+    parts.append(_float(a))
+  a = jnp.concatenate(parts, axis=2)
+  if group.bias is not None and bias_column:
+    mask = jnp.asarray(_bias_mask(group), a.dtype)
+    a = jnp.concatenate(
+        [a, jnp.broadcast_to(mask[:, None], a.shape[:-1] + (1,))], axis=-1)
+  return a
+
+
+def _bias_mask(group: trace.LayerGroup) -> np.ndarray:
+  """`[M]`: 1 on the tokens of the sites with the group's bias, else 0."""
+  return np.concatenate([
+      np.full(s.layer.tokens_per_call, 0.0 if s.bias is None else 1.0)
+      for s in group.sites])
+
+
+def _materialised(group: trace.LayerGroup, xs: dict, d: jax.Array):
+  """`[N, G, p', q]`: every client's `a^T d`, the bias row as `sum_m d`.
+
+  The bias row is summed from `d` rather than multiplied by a column of
+  ones, which would copy the `[N, G, M, p]` tokens once more.
+  """
+  w = jnp.einsum("ngmp,ngmq->ngpq", _input_tokens(group, xs, False), d,
+                 precision=_HIGHEST)
+  if group.bias is None:
+    return w
+  mask = jnp.asarray(_bias_mask(group), d.dtype)
+  bias = jnp.einsum("ngmq,m->ngq", d, mask, precision=_HIGHEST)
+  return jnp.concatenate([w, bias[:, :, None, :]], axis=2)
 
 
 def _output_tokens(group: trace.LayerGroup, xs: dict, dys: dict) -> jax.Array:
@@ -177,37 +217,47 @@ def _model_leaves(analysis, x_i):
   return leaves
 
 
-def prepare(problem: base.Problem, params: PyTree,
-            analysis: Optional[trace.Analysis] = None) -> Context:
-  """Analyses the loss, picks (*) per layer and shares model-free input Grams.
+def layer_choices(analysis: trace.Analysis, num_clients: int,
+                  options: Options = Options()) -> Tuple[bool, ...]:
+  """Per layer group of `analysis`: through (*) (True) or materialised."""
+  if options.always:
+    return (True,) * len(analysis.groups)
+  return tuple(uses_ghost(num_clients, g.num_tokens, g.width, g.layer.q,
+                          g.shared_input, g.layer.groups)
+               for g in analysis.groups)
+
+
+def prepare(problem: base.Problem, params: PyTree, analysis: trace.Analysis,
+            options: Options = Options()) -> Context:
+  """Picks (*) per layer and shares the model-free input Grams of a round.
 
   Args:
     problem: the round's `Problem`.
     params: stacked models, leaves `[M, ...]`.
-    analysis: `trace.analyse` of the loss on one client, if already done.
+    analysis: `trace.analyse` of the loss on one client.
+    options: the kernel's variant (`kernel`).
   """
   one = lambda t: jax.tree.map(lambda x: x[0], t)
-  if analysis is None:
-    analysis = trace.analyse(problem.loss_fn, one(params), one(problem.batch))
   n = tree_lib.num_leading(problem.batch, "batch")
-  ghost = tuple(uses_ghost(n, g.num_tokens, g.width, g.layer.q,
-                           g.shared_input, g.layer.groups)
-                for g in analysis.groups)
+  ghost = layer_choices(analysis, n, options)
   shared_groups = [g for g, use in zip(analysis.groups, ghost)
                    if use and g.shared_input]
   shared = [None] * len(analysis.groups)
   if shared_groups:
     active = analysis.active(shared_groups)
-    inline = trace.inline_paths(analysis, active)
+    inline = interpret.inline_paths(analysis, active)
     model = _model_leaves(analysis, one(params))
     batch_leaves = jax.tree.leaves(problem.batch)
-    xs = jax.vmap(lambda b: trace.evaluate(analysis, model + list(b), None,
+    xs = jax.vmap(lambda b: interpret.evaluate(analysis, model + list(b), None,
                                            active, inline)[1])(batch_leaves)
     for k, g in enumerate(analysis.groups):
       if g in shared_groups:
         a = _input_tokens(g, xs)
         shared[k] = (_finite_or_zero(a), _input_gram(a))
-  return Context(analysis, ghost, tuple(shared))
+  split = (jax.default_backend() == "cpu" if options.split is None else
+           options.split)
+  return Context(analysis, ghost, tuple(shared),
+                 options._replace(split=split))
 
 
 class GhostGrads(NamedTuple):
@@ -231,14 +281,14 @@ def ghost_grads(ctx: Context, x_i: PyTree, batch: PyTree) -> GhostGrads:
   n = tree_lib.num_leading(batch, "batch")
   model = _model_leaves(analysis, x_i)
   active = analysis.active()
-  inline = trace.inline_paths(analysis, active)
+  inline = interpret.inline_paths(analysis, active)
   rest_index = analysis.autodiff
 
   def client(rest, taps, b):
     leaves = list(model)
     for k, v in zip(rest_index, rest):
       leaves[k] = v
-    return trace.evaluate(analysis, leaves + list(b), taps, active, inline)
+    return interpret.evaluate(analysis, leaves + list(b), taps, active, inline)
 
   taps = {p: jnp.zeros((n,) + s.out_aval.shape, s.out_aval.dtype)
           for p, s in active.items()}
@@ -258,12 +308,12 @@ def ghost_grads(ctx: Context, x_i: PyTree, batch: PyTree) -> GhostGrads:
       else:
         a, ka = shared
       rows = _rows(d)
-      gram = gram + sum(_block_gram(ka[k], rows[k], n)
+      gram = gram + sum(_block_gram(ka[k], rows[k], n, ctx.options.split,
+                                    ctx.options.min_split_rows)
                         for k in range(g.layer.groups))
       tokens.append((a, d))
     else:
-      w = jnp.einsum("ngmp,ngmq->ngpq", _input_tokens(g, xs), d,
-                     precision=_HIGHEST)
+      w = _materialised(g, xs, d)
       materialised.update(jax.vmap(
           lambda wj, g=g: _leaf_grads(g, analysis, wj))(w))
   gram = gram + tree_lib.gram(materialised)
@@ -310,5 +360,14 @@ def _cluster(problem: base.Problem, ctx: Context, index,
                           info.inside[0], c)
 
 
-base.register_kernel("ghost", base.Kernel(prepare, _cluster,
-                                          accepts_messages=False))
+def kernel(**options) -> base.Kernel:
+  """The ghost kernel with `Options(**options)`, for `ExecutionPlan(kernel=)`.
+
+  E.g. `ExecutionPlan(1, ghost.kernel(split=False))`; `"ghost"` is
+  `kernel()`. Every variant gives the same results up to float rounding.
+  """
+  return base.Kernel(functools.partial(prepare, options=Options(**options)),
+                     _cluster, accepts_messages=False, needs_analysis=True)
+
+
+base.register_kernel("ghost", kernel())

@@ -59,8 +59,8 @@ def messages(problem: base.Problem, index, grads):
                             jax.random.fold_in(problem.key, index))
 
 
-def _prepare(problem, params):
-  del problem, params
+def _prepare(problem, params, analysis):
+  del problem, params, analysis
   return None
 
 

@@ -15,7 +15,7 @@ the window) holding the maximum, which is the tap `select_and_scatter_add`
 with `select_prim=ge` picks (ties included; where windows overlap, the sum
 over taps may differ from XLA's in the last bit), and `pad_k` is the
 transpose of the k-th strided slice. The ghost kernel's interpreter
-(`kernels.trace.evaluate`) runs it in place of the `reduce_window_max`
+(`kernels.interpret.evaluate`) runs it in place of the `reduce_window_max`
 equations that `matches` accepts (`rules.register_replacement`).
 
 Not covered (`matches` is False, the equation is left as is): base and
@@ -103,8 +103,24 @@ def _max_pool_fwd(x, frozen):
   return y, (x, y)
 
 
+def tiles(params: Mapping[str, Any], shape) -> bool:
+  """Whether the windows tile the input: strides equal to the window, no
+  padding, every size a multiple of the window (e.g. 2x2 pools of stride 2
+  on even maps)."""
+  return all(
+      w == st and lo == hi == 0 and n % w == 0
+      for w, st, (lo, hi), n in zip(params["window_dimensions"],
+                                    params["window_strides"],
+                                    params["padding"], shape))
+
+
 def _max_pool_bwd(frozen, res, dy):
-  """Routes `dy` to the first maximum of each window (see module docstring)."""
+  """Routes `dy` to the first maximum of each window (see module docstring).
+
+  Where the windows tile the input, the taps' parts are interleaved into
+  `dx` by one transpose instead of summed as padded copies (4x fewer writes
+  of `dx` for a 2x2 pool).
+  """
   params = dict(frozen)
   x, y = res
   xp, _, slices = _slices(x, params)
@@ -112,14 +128,23 @@ def _max_pool_bwd(frozen, res, dy):
   strides = params["window_strides"]
   zero = jnp.zeros((), dy.dtype)
   taken = jnp.zeros(y.shape, bool)
-  dxp = jnp.zeros(xp.shape, dy.dtype)
-  for s, (start, _) in zip(slices, taps):
+  parts = []
+  for s in slices:
     first = (s == y) & ~taken
     taken = taken | first
+    parts.append(jnp.where(first, dy, zero))
+  if tiles(params, x.shape):
+    window = tuple(params["window_dimensions"])
+    stacked = jnp.stack(parts, axis=-1).reshape(y.shape + window)
+    nd = y.ndim  # [o_0, ..., k_0, ...] -> [o_0, k_0, o_1, k_1, ...]
+    perm = [i for d in range(nd) for i in (d, nd + d)]
+    return (jnp.transpose(stacked, perm).reshape(x.shape),)
+  dxp = jnp.zeros(xp.shape, dy.dtype)
+  for part, (start, _) in zip(parts, taps):
     # The transpose of lax.slice(xp, start, limit, strides).
     config = [(lo, n - lo - ((t - 1) * st + 1) if t else n - lo, st - 1)
               for lo, t, n, st in zip(start, y.shape, xp.shape, strides)]
-    dxp = dxp + lax.pad(jnp.where(first, dy, zero), zero, config)
+    dxp = dxp + lax.pad(part, zero, config)
   crop = tuple(slice(lo, lo + n)
                for (lo, _), n in zip(params["padding"], x.shape))
   return (dxp[crop],)
