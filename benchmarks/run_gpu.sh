@@ -42,7 +42,8 @@ fi
 
 run_tests() {
   # pytest-xdist when the machine has it (the suite is compile-bound).
-  local workers=()
+  # Without it, setup.cfg's addopts (-n auto) are dropped: -n needs xdist.
+  local workers=(-o "addopts=-q")
   if python3 -c "import xdist" 2>/dev/null; then
     workers=(-n "${TEST_WORKERS:-12}")
   fi

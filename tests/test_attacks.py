@@ -191,9 +191,12 @@ def test_threshold_edge_bad_arguments():
     prfl.attacks.threshold_edge(1.0, num_iters=0)
 
 
-def _fc_synthetic(byzantine_ids, attack, rounds=2000):
+def _fc_synthetic(byzantine_ids, attack, rounds=600):
   """Issue 9's ALIE setting: K=2 x 4 clients of the synthetic federation,
-  FC with the 30% quantile radius, lr 0.037, momentum 0.9, full batches."""
+  FC with the 30% quantile radius, lr 0.037, momentum 0.9, full batches.
+
+  600 rounds (issue 9 ran 2000): the trap is stationary by then, and every
+  error below is the same to float32's last digit at 600 and 1000 rounds."""
   data, _ = prfl.data.synthetic_regression(jax.random.key(0), num_clusters=2,
                                            clients_per_cluster=4)
   byz = np.zeros(8, bool)

@@ -403,8 +403,8 @@ def run_tests_in_subprocess(scratch: str, tests: Sequence[str],
   env["PYTHONPATH"] = scratch
   env["PYTHONDONTWRITEBYTECODE"] = "1"
   env.setdefault("JAX_PLATFORMS", "cpu")
-  cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-         "-p", "no:randomly", *tests]
+  cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-n", "0", "-p",
+         "no:cacheprovider", "-p", "no:randomly", *tests]
   t0 = time.perf_counter()
   try:
     proc = subprocess.run(cmd, cwd=scratch, env=env, capture_output=True,
@@ -475,8 +475,10 @@ def _worker() -> int:
       signal.alarm(int(timeout))
       try:
         with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-          rc = pytest.main(["-x", "-q", "-p", "no:cacheprovider", "-p",
-                            "no:randomly", *tests])
+          # -n 0: in this process, where the mutated code is (setup.cfg's
+          # addopts would send the tests to pytest-xdist workers).
+          rc = pytest.main(["-x", "-q", "-n", "0", "-p", "no:cacheprovider",
+                            "-p", "no:randomly", *tests])
       except _Timeout:
         rc, timed_out = -1, True
       finally:
