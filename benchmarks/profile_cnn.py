@@ -13,8 +13,9 @@ and timed for all N models:
                      interpreter (`interpret.evaluate`): layer inputs and output
                      cotangents, no weight gradients
   per layer L:       its input tokens (patches for a convolution), its
-                     per-client weight gradients materialised (`a^T d`), and
-                     its ghost Gram (*) from the tokens
+                     per-client weight gradients materialised (`a^T d`), and,
+                     for a layer the kernel runs through (*), its ghost Gram
+                     from the tokens
   ghost_grads        the whole of the above as the kernel runs it (the
                      per-layer choice of `ghost.layer_choices`)
   combine            the centre, one GEMM per (*) layer
@@ -23,7 +24,7 @@ and timed for all N models:
 
 Times are the least CPU time of the process (all threads) over `--repeats`
 calls taken in turns, after one warm-up call; the PyTorch per-pair loop
-(`benchmarks.torch_loop`, 1 thread and torch's default) is timed alongside
+(`benchmarks.torch_loop`, `--torch-threads`) is timed alongside
 when torch is importable. The parts overlap (ghost_grads contains the
 tapped pass and the layers), so they do not add up to the round.
 
@@ -81,10 +82,11 @@ def parts(loss_fn, params, batch, radius, num_iters):
       "tapped fwd+bwd": (tapped, (x0, batch), True),
   }
   xs, dys = jax.jit(tapped)(x0, batch)
-  for k, g in enumerate(analysis.groups):
+  choices = ghost.layer_choices(analysis, n)
+  for k, (g, use) in enumerate(zip(analysis.groups, choices)):
     name = (f"layer {k} {type(g.layer).__name__} M={g.num_tokens} "
-            f"p={g.width} q={g.layer.q}")
-    shared = ghost.layer_choices(analysis, n)[k] and g.shared_input
+            f"p={g.width} q={g.layer.q} {'(*)' if use else 'materialised'}")
+    shared = use and g.shared_input
     out[f"{name}: input tokens"] = (
         lambda xs, g=g: ghost._input_tokens(g, xs), (xs,), not shared)  # pylint: disable=protected-access
     out[f"{name}: weight grads a^T d"] = (
@@ -98,7 +100,8 @@ def parts(loss_fn, params, batch, radius, num_iters):
           ghost._input_gram(a)[j], rows[j], n, ctx.options.split,  # pylint: disable=protected-access
           ctx.options.min_split_rows) for j in range(g.layer.groups))
 
-    out[f"{name}: ghost Gram (*)"] = (gram, (xs, dys), True)
+    if use:  # Elsewhere its [N M, N M] matrices need not fit in memory.
+      out[f"{name}: ghost Gram (*)"] = (gram, (xs, dys), True)
   grads = jax.jit(lambda x, b: ghost.ghost_grads(ctx, x, b))(x0, batch)
   out["ghost_grads (as the kernel runs it)"] = (
       lambda x, b: ghost.ghost_grads(ctx, x, b), (x0, batch), True)
@@ -145,6 +148,11 @@ def main(argv=None) -> int:
   p.add_argument("--num-iters", type=common.positive_int, default=10)
   p.add_argument("--repeats", type=common.positive_int, default=5)
   p.add_argument("--width-divisor", type=common.positive_int, default=1)
+  p.add_argument("--torch-threads", type=lambda t: tuple(
+      int(v) for v in t.split(",")), default=(1,),
+                 help="torch.set_num_threads per run of the PyTorch loop (0: "
+                 "torch's default; on a loaded machine its threads can be "
+                 "10x slower)")
   p.add_argument("--no-torch", action="store_true")
   args = p.parse_args(argv)
   if args.clients < 2:
@@ -159,7 +167,7 @@ def main(argv=None) -> int:
     rows = profile(parts(loss_fn, params, batch, radius, args.num_iters),
                    args.clients, args.repeats)
   if not args.no_torch:
-    for threads in (1, 0):
+    for threads in args.torch_threads:
       res, _ = torch_loop.run_cnn_loop(spec, params, batch, radius,
                                        args.num_iters, threads, args.repeats,
                                        60.0)

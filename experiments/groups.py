@@ -142,6 +142,24 @@ class Baselines:
   mc_lr_over_alpha: bool = option(
       True, "Momentum-Clustering steps lr / alpha, heavy-ball SGD's step "
       "when a client is alone in its cluster (else lr)")
+  mc_balls: str = option(
+      "assigned", "Momentum-Clustering's balls: 'assigned' (each centre "
+      "over its own clients) or 'all' (Algorithm 2 as written)",
+      choices=("assigned", "all"))
+  mc_quantile: Optional[float] = option(
+      None, "Momentum-Clustering's radius quantile (auto: 0.95 with "
+      "mc_balls='assigned', over each centre's own clients; else quantile)",
+      low=0, high=1, low_open=True)
+  mc_sticky: bool = option(
+      True, "Momentum-Clustering with mc_balls='assigned': clients stay "
+      "with their centre while inside its ball")
+  mc_warmup: int = option(
+      0, "Momentum-Clustering: rounds of own-momentum steps before the "
+      "centres are seeded", low=0)
+  mc_reseed: bool = option(
+      False, "Momentum-Clustering: move empty or coinciding centres")
+  mc_bias_correction: bool = option(
+      False, "Momentum-Clustering: cluster bias-corrected momenta")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -192,7 +192,8 @@ def _ifca(ctx, s):
   return prfl.algorithms.ifca(
       ctx.loss_fn, optimizer(s), num_clusters=ctx.num_clusters,
       attack=ctx.attack, **_initial_models(ctx),
-      aggregator=aggregator(s, ctx.num_byzantine))
+      aggregator=aggregator(s, ctx.num_byzantine),
+      true_clusters=ctx.clusters)
 
 
 @register("ifca2", "IFCA (Option II)", reads=("local_steps",))
@@ -231,7 +232,8 @@ def _fc(ctx, s):
       num_iters=s.num_iters, num_groups=s.groups or 1,
       local_steps=s.fc_local_steps, attack=ctx.attack, plan=plan(s),
       pre_aggregator=(prfl.aggregators.cap_duplicates() if defence.get("pre")
-                      else None), ball_cap=defence.get("ball_cap"))
+                      else None), ball_cap=defence.get("ball_cap"),
+      true_clusters=ctx.clusters)
 
 
 register("fc_dedup", "FC + cap_duplicates", reads=_FC,
@@ -254,14 +256,16 @@ def _cfl(ctx, s):
   return prfl.algorithms.cfl(
       ctx.loss_fn, optimizer(s), eps1=eps1, eps2=eps2,
       max_clusters=2 * ctx.num_clusters, local_steps=s.local_steps,
-      warmup_rounds=s.cfl_warmup, attack=ctx.attack)
+      warmup_rounds=s.cfl_warmup, attack=ctx.attack,
+      true_clusters=ctx.clusters)
 
 
 @register("hypcluster", "HypCluster", reads=("local_steps",))
 def _hypcluster(ctx, s):
   return prfl.algorithms.hypcluster(
       ctx.loss_fn, optimizer(s), num_clusters=ctx.num_clusters,
-      local_steps=s.local_steps, attack=ctx.attack, **_initial_models(ctx))
+      local_steps=s.local_steps, attack=ctx.attack, **_initial_models(ctx),
+      true_clusters=ctx.clusters)
 
 
 @register("myopic", "Myopic-Clustering", reads=_CLUSTERING + (
@@ -274,22 +278,33 @@ def _myopic(ctx, s):
   return prfl.algorithms.myopic_clustering(
       ctx.loss_fn, optimizer(s), num_clusters=ctx.num_clusters,
       radius=prfl.quantile_radius(s.quantile), num_iters=s.num_iters,
-      attack=ctx.attack, method=s.clustering_method)
+      attack=ctx.attack, method=s.clustering_method,
+      true_clusters=ctx.clusters)
 
 
 @register("mc", "Momentum-Clustering", reads=_CLUSTERING + (
-    "clustering_method", "mc_alpha", "mc_lr_over_alpha"))
+    "clustering_method", "mc_alpha", "mc_lr_over_alpha", "mc_balls",
+    "mc_quantile", "mc_sticky", "mc_warmup", "mc_reseed",
+    "mc_bias_correction"))
 def _mc(ctx, s):
   """Momentum-Clustering's momentum is `m = alpha g + (1 - alpha) m` with
   alpha = 1 - momentum by default; with the step lr / alpha this is exactly
   heavy-ball SGD (lr, momentum) when every client is alone in its cluster, so
-  it gets the same step size as the others."""
+  it gets the same step size as the others. With `mc_balls="assigned"` the
+  radius quantile is over each centre's own clients, hence 0.95 by default
+  (`experiments/results/momentum_clustering/`)."""
   alpha = 1.0 - s.momentum if s.mc_alpha is None else s.mc_alpha
+  q = s.mc_quantile
+  if q is None:
+    q = 0.95 if s.mc_balls == "assigned" else s.quantile
   lr = s.lr / alpha if s.mc_lr_over_alpha else s.lr
   return prfl.algorithms.momentum_clustering(
       ctx.loss_fn, optax.sgd(lr), num_clusters=ctx.num_clusters,
-      radius=prfl.quantile_radius(s.quantile), num_iters=s.num_iters,
-      alpha=alpha, attack=ctx.attack, method=s.clustering_method)
+      radius=prfl.quantile_radius(q), num_iters=s.num_iters, alpha=alpha,
+      attack=ctx.attack, method=s.clustering_method, balls=s.mc_balls,
+      sticky=s.mc_sticky and s.mc_balls == "assigned",
+      warmup_rounds=s.mc_warmup, reseed=s.mc_reseed,
+      bias_correction=s.mc_bias_correction, true_clusters=ctx.clusters)
 
 
 for _name, _agg, _label in (

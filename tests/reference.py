@@ -68,3 +68,26 @@ def quantile_linear(values, q):
   if ordered[lo] == ordered[hi]:
     return ordered[lo]
   return ordered[lo] + (pos - lo) * (ordered[hi] - ordered[lo])
+
+
+def combination_stats(coefs, own, rows, same, byzantine):
+  """NumPy reference of `prfl_jax.diagnostics.weights.combination_stats`.
+
+  One Python loop over the rows: normalise row i's weights (negatives and
+  non-finite values to 0), then its effective count `1 / sum p^2` (0 for an
+  all-zero row), own weight, purity and Byzantine weight; each averaged over
+  the counted rows (0 if none).
+  """
+  coefs = np.asarray(coefs, np.float64)
+  per_row = {"effective_count": [], "own_weight": [], "purity": [],
+             "byzantine_weight": [], "same_available": []}
+  for i in np.flatnonzero(rows):
+    c = np.where(np.isfinite(coefs[i]) & (coefs[i] > 0), coefs[i], 0.0)
+    p = c / c.sum() if c.sum() > 0 else c
+    sq = float(np.sum(p * p))
+    per_row["effective_count"].append(1.0 / sq if sq > 0 else 0.0)
+    per_row["own_weight"].append(float(p[own[i]].sum()))
+    per_row["purity"].append(float(p[same[i]].sum()))
+    per_row["byzantine_weight"].append(float(p[byzantine[i]].sum()))
+    per_row["same_available"].append(float(np.sum(same[i])))
+  return {k: float(np.mean(v)) if v else 0.0 for k, v in per_row.items()}

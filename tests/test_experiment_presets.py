@@ -65,6 +65,8 @@ COMMITTED = {
     "threshold_clustering": ("threshold_clustering", "figure7_theorem1", []),
     "failure_modes": ("failure_modes", "examples", []),
     "sweep/digits_fc_lr_quantile": ("sweep", "digits_fc_lr_quantile", []),
+    "momentum_clustering/table1_mc": ("mnist", "paper",
+                                      ["--algorithms", "mc"]),
 }
 # The names of the runs before the options layer, per experiment.
 _COMMON = {"num_clusters": "clusters", "num_rounds": "rounds",

@@ -179,11 +179,13 @@ def test_ghost_grads_match_materialised(always, monkeypatch):
   if always:
     assert ctx.ghost == (True, True, True)
     assert [s is not None for s in ctx.shared] == [True, False, False]
+  # Jitted: one compile each (op by op, the slowest test of the suite).
+  ghost_grads = jax.jit(lambda model: ghost.ghost_grads(ctx, model, batch))
+  pairs = jax.jit(lambda p: gradients.all_pairs_grads(_loss, p, batch))
   for i in (0, 4):
     model = jax.tree.map(lambda a, i=i: a[i], params)
-    out = ghost.ghost_grads(ctx, model, batch)
-    losses, grads = gradients.all_pairs_grads(
-        _loss, jax.tree.map(lambda a, i=i: a[i:i + 1], params), batch)
+    out = ghost_grads(model)
+    losses, grads = pairs(jax.tree.map(lambda a, i=i: a[i:i + 1], params))
     gram = _tree_gram(jax.tree.map(lambda g: g[0], grads))
     np.testing.assert_allclose(out.gram, gram, **tolerances.model(
         2e-5, 1e-6, scale=np.max(np.abs(gram))))

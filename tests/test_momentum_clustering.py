@@ -7,6 +7,8 @@ import optax
 import pytest
 
 import prfl_jax as prfl
+from prfl_jax.algorithms.momentum_clustering import dead_centers
+from prfl_jax.algorithms.momentum_clustering import reseed_centers
 from tests import tolerances
 
 
@@ -15,6 +17,8 @@ def shifted_quadratic(x, batch):
 
 
 C = jnp.array([[0.0], [0.0], [10.0], [10.0]])
+# Algorithm 3 as written (every ball over all points, nearest centre).
+PAPER = {"balls": "all"}
 
 
 def test_two_rounds_by_hand():
@@ -23,7 +27,7 @@ def test_two_rounds_by_hand():
   # clients go to the centre of their own value: x = 0, 0, 1, 1 (lr 0.1).
   alg = prfl.algorithms.momentum_clustering(
       shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=1.0,
-      num_iters=1, alpha=1.0)
+      num_iters=1, alpha=1.0, **PAPER)
   state = alg.init(jnp.zeros((4, 1)))
   state, _ = alg.step(state, C[:, None], jax.random.key(0))
   np.testing.assert_allclose(state.params[:, 0], [0, 0, 1, 1], atol=1e-6)
@@ -39,7 +43,7 @@ def test_momentum_and_carried_centres():
   # (-5 - 5 - 7.25 - 7.25) / 4 = -6.125; x = 0.5 + 0.6125 = 1.1125.
   alg = prfl.algorithms.momentum_clustering(
       shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=3.0,
-      num_iters=1, alpha=0.5)
+      num_iters=1, alpha=0.5, **PAPER)
   state = alg.init(jnp.zeros((4, 1)))
   state, _ = alg.step(state, C[:, None], jax.random.key(0))
   np.testing.assert_allclose(state.params[:, 0], [0, 0, 0.5, 0.5], atol=1e-6)
@@ -65,7 +69,7 @@ def test_separates_clusters_on_quadratics_with_nan_attack():
   byz = jnp.zeros(10, bool).at[jnp.array([4, 9])].set(True)
   alg = prfl.algorithms.momentum_clustering(
       shifted_quadratic, optax.sgd(0.2), num_clusters=2, radius=1.0,
-      alpha=0.5, attack=prfl.attacks.non_finite())
+      alpha=0.5, attack=prfl.attacks.non_finite(), **PAPER)
   state = alg.init(jnp.full((10, 2), 2.0), byzantine=byz)
   step = jax.jit(alg.step)
   for t in range(80):
@@ -99,12 +103,12 @@ def test_gram_method_gives_the_hand_computed_rounds():
   and the same 6 rounds as `method="direct"` on a noisy federation.
 
   Mutation seen to fail: the Gram kernel's step without the `keep` factor
-  (`a + step` in `clustering._gram_cluster_and_assign`, which
-  `cluster_and_assign(method="gram")` runs).
+  (`a + step` in `clustering.assignment._combination_cluster_and_assign`,
+  which `cluster_and_assign(method="gram")` runs).
   """
   alg = prfl.algorithms.momentum_clustering(
       shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=3.0,
-      num_iters=1, alpha=0.5, method="gram")
+      num_iters=1, alpha=0.5, method="gram", **PAPER)
   state = alg.init(jnp.zeros((4, 1)))
   state, _ = alg.step(state, C[:, None], jax.random.key(0))
   np.testing.assert_allclose(state.params[:, 0], [0, 0, 0.5, 0.5], atol=1e-6)
@@ -118,7 +122,7 @@ def test_gram_method_gives_the_hand_computed_rounds():
   for method in ("direct", "gram"):
     alg = prfl.algorithms.momentum_clustering(
         shifted_quadratic, optax.sgd(0.3), num_clusters=2, radius=1.0,
-        num_iters=3, alpha=0.5, method=method)
+        num_iters=3, alpha=0.5, method=method, **PAPER)
     state = alg.init(jnp.zeros((8, 3)))
     step = jax.jit(alg.step)
     for t in range(6):
@@ -152,7 +156,7 @@ def test_gram_method_follows_direct_with_attack_round_by_round(radius):
     alg = prfl.algorithms.momentum_clustering(
         shifted_quadratic, optax.sgd(0.3), num_clusters=3, radius=radius,
         num_iters=4, alpha=0.5, attack=prfl.attacks.non_finite(),
-        method=method)
+        method=method, **PAPER)
     state = alg.init(jnp.zeros((9, 2)), byzantine=byz)
     step = jax.jit(alg.step)
     runs[method] = []
@@ -173,3 +177,122 @@ def test_bad_method_raises_before_tracing():
     prfl.algorithms.momentum_clustering(shifted_quadratic, optax.sgd(0.1),
                                         num_clusters=2, radius=1.0,
                                         method="Gram")
+
+
+def two_clusters_far_from_start(seed, n_per=8, noise=0.5):
+  """Two clusters of quadratic clients with optima (10, +-1), started at 0.
+
+  Every gradient is dominated by their shared (10, 0) part, which shrinks as
+  the models move: the momenta drift together from round to round.
+  """
+  clusters = np.repeat([0, 1], n_per)
+  optima = np.array([[10.0, 1.0], [10.0, -1.0]])[clusters]
+  data = jnp.asarray(optima)[:, None, :] + noise * jax.random.normal(
+      jax.random.key(seed), (2 * n_per, 64, 2))
+  loss = lambda x, b: 0.5 * jnp.mean(jnp.sum((x - b) ** 2, -1))
+  fed = prfl.data.FederatedData(train=data, test=jnp.asarray(optima),
+                                clusters=jnp.asarray(clusters))
+  return loss, fed, clusters
+
+
+def test_default_keeps_two_clusters_where_the_paper_collapses():
+  """Paper-literal Momentum-Clustering (every ball over all clients, nearest
+  centre) loses a centre on this problem: the carried centres lag behind the
+  momenta's shared drift, every client goes to the same one, and the other
+  is pulled onto it. The default (each centre's ball over its own clients,
+  who stay while inside it) keeps two distinct centres with clients, and
+  ends nearer to the optima.
+
+  Seen to fail (the default collapsed too) when `members` was not passed to
+  the clustering.
+  """
+  finals = {}
+  for name, kw in (("paper", PAPER), ("default", {})):
+    out = []
+    for seed in range(2):
+      loss, fed, clusters = two_clusters_far_from_start(seed)
+      alg = prfl.algorithms.momentum_clustering(
+          loss, optax.sgd(0.5), num_clusters=2, alpha=0.1,
+          radius=prfl.quantile_radius(0.8), true_clusters=clusters, **kw)
+      err = lambda x, t: {"err": jnp.linalg.norm(x - t)}
+      h = prfl.train(alg, jnp.zeros((16, 2)), fed, num_rounds=60,
+                     key=jax.random.key(seed + 1), batch_size=4,
+                     eval_fn=err, eval_every=60, verbose=False).history
+      out.append([h["train/num_active_clusters"][-1],
+                  h["train/distinct_centers"][-1], h["eval/err"][-1]])
+    finals[name] = np.array(out)
+  np.testing.assert_array_equal(finals["paper"][:, :2], 1.0)
+  np.testing.assert_array_equal(finals["default"][:, :2], 2.0)
+  assert finals["default"][:, 2].mean() < 0.7 * finals["paper"][:, 2].mean()
+
+
+def test_bias_correction_rescales_what_is_clustered_not_the_step():
+  """alpha = 0.5, clients at gradients 0 and -10 (each its own cluster,
+  radius 0): round 1 momenta are 0.5 g, bias-corrected g. The centres hold
+  the corrected momenta, the steps are the same.
+
+  Seen to fail when the direction was not scaled back (step doubled).
+  """
+  runs = {}
+  for corr in (False, True):
+    alg = prfl.algorithms.momentum_clustering(
+        shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=0.0,
+        num_iters=1, alpha=0.5, bias_correction=corr)
+    state, _ = alg.step(alg.init(jnp.zeros((2, 1))),
+                        jnp.array([[[0.0]], [[10.0]]]), jax.random.key(0))
+    runs[corr] = state
+  np.testing.assert_allclose(runs[True].params, runs[False].params, atol=1e-6)
+  np.testing.assert_allclose(np.sort(runs[True].centers[:, 0]), [-10, 0],
+                             atol=1e-6)
+  np.testing.assert_allclose(np.sort(runs[False].centers[:, 0]), [-5, 0],
+                             atol=1e-6)
+
+
+def test_warmup_rounds_step_alone_then_seed():
+  """With 2 warm-up rounds every client takes heavy-ball steps on its own
+  momentum (as `local`); the centres are seeded at round 3.
+
+  Seen to fail when the warm-up branch stepped with the centres.
+  """
+  c = jnp.array([[[0.0]], [[1.0]], [[10.0]], [[11.0]]])
+  alg = prfl.algorithms.momentum_clustering(
+      shifted_quadratic, optax.sgd(1.0), num_clusters=2, radius=100.0,
+      num_iters=1, alpha=0.5, warmup_rounds=2)
+  state = alg.init(jnp.zeros((4, 1)))
+  x, m = np.zeros(4), np.zeros(4)
+  for t in range(2):
+    state, metrics = alg.step(state, c, jax.random.key(t))
+    m = 0.5 * (x - c[:, 0, 0]) + 0.5 * m
+    x = x - m
+    np.testing.assert_allclose(state.params[:, 0], x, atol=1e-5)
+    assert float(metrics["effective_count"]) == 1.0
+  np.testing.assert_allclose(state.centers, 0.0)
+  state, metrics = alg.step(state, c, jax.random.key(2))
+  assert float(metrics["num_active_clusters"]) == 2.0
+
+
+def test_dead_centres_are_reseeded_in_the_largest_cluster():
+  """Centres 0, 0, 5 with clients in clusters 0, 0, 0, 2: centre 1 is empty
+  and coincides with centre 0, so it moves to a member of cluster 0.
+
+  Seen to fail when `dead_centers` compared centres with later ones too
+  (centre 0 was then moved as well).
+  """
+  centers = jnp.array([[0.0], [0.0], [5.0]])
+  assignment = jnp.array([0, 0, 0, 2])
+  np.testing.assert_array_equal(
+      dead_centers(centers, assignment),
+      [False, True, False])
+  msgs = jnp.array([[1.0], [2.0], [3.0], [5.0]])
+  for seed in range(5):
+    new, moved = reseed_centers(
+        centers, msgs, assignment, jax.random.key(seed))
+    assert float(moved) == 1.0 and float(new[0, 0]) == 0.0
+    assert float(new[1, 0]) in (1.0, 2.0, 3.0) and float(new[2, 0]) == 5.0
+
+
+def test_sticky_needs_assigned_balls():
+  with pytest.raises(ValueError, match="sticky"):
+    prfl.algorithms.momentum_clustering(
+        shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=1.0,
+        balls="all", sticky=True)

@@ -41,6 +41,7 @@ from jax import lax
 import jax.numpy as jnp
 import optax
 
+from prfl_jax import diagnostics
 from prfl_jax import gradients
 from prfl_jax import tree as tree_lib
 from prfl_jax.algorithms import base
@@ -115,7 +116,7 @@ class CflState(NamedTuple):
 def cfl(loss_fn, optimizer: optax.GradientTransformation, *, eps1: float,
         eps2: float, max_clusters: int, local_steps: int = 1,
         min_split_size: int = 3, warmup_rounds: int = 0,
-        attack=None) -> base.Algorithm:
+        attack=None, true_clusters=None) -> base.Algorithm:
   """Clustered FL: FedAvg per cluster with recursive cosine bi-partitioning.
 
   Args:
@@ -132,6 +133,9 @@ def cfl(loss_fn, optimizer: optax.GradientTransformation, *, eps1: float,
       reference code splits only clusters with more than 2 clients).
     warmup_rounds: no split before this many rounds have been done.
     attack: what Byzantine clients send instead of their update, or None.
+    true_clusters: optional concrete `[N]` true cluster ids, known to the
+      experimenter only: the step then also reports the diagnostics that
+      need them (`prfl_jax.diagnostics.rounds`).
 
   Returns:
     `Algorithm(init, step)`; `init(params, *, byzantine=None)` takes params
@@ -156,9 +160,11 @@ def cfl(loss_fn, optimizer: optax.GradientTransformation, *, eps1: float,
   base.check_positive_int(local_steps, "local_steps")
   base.check_positive_int(min_split_size, "min_split_size", minimum=2)
   base.check_positive_int(warmup_rounds, "warmup_rounds", minimum=0)
+  truth = diagnostics.check_true_clusters(true_clusters)
 
   def init(params, *, byzantine=None) -> CflState:
     n = base.init_params(params)
+    diagnostics.rounds.check_num_clients(truth, n)
     first = jax.tree.map(lambda p: p[0], params)
     return CflState(tree_lib.broadcast(first, n), jnp.zeros((n,), jnp.int32),
                     jnp.ones((), jnp.int32), base.byzantine_mask(byzantine, n),
@@ -201,6 +207,8 @@ def cfl(loss_fn, optimizer: optax.GradientTransformation, *, eps1: float,
         "num_clusters": num_clusters.astype(jnp.float32),
         "split": (num_clusters > state.num_clusters).astype(jnp.float32),
     }
+    metrics.update(diagnostics.rounds.assignment_stats(
+        clusters, max_clusters, state.byzantine, truth))
     return state._replace(params=params, clusters=clusters,
                           num_clusters=num_clusters,
                           round=state.round + 1), metrics

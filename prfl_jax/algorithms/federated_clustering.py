@@ -9,6 +9,9 @@ updates its model with the cluster estimate. Optionally:
   each group is clustered separately (the paper's MNIST setting, Section 5.2),
   which costs `(N/G)^2 * G` instead of `N^2` gradients. When N is not divisible
   by G the groups are padded with weight-0 clients that never move a centre.
+  `grouping=fc_groups.cluster_aware()` forms the groups from the models
+  instead, so that a group holds more of its members' cluster (beyond the
+  paper; see `prfl_jax.algorithms.fc_groups`).
 * `local_steps=s`: s plain local optimizer steps between two clustering rounds
   (the paper's CIFAR-10 experiment, Section 5.3): rounds `t` with
   `t % (s + 1) == 0` cluster, the others take a local step.
@@ -29,11 +32,13 @@ import jax.numpy as jnp
 import optax
 
 from prfl_jax import clustering
+from prfl_jax import diagnostics
 from prfl_jax import gradients
 from prfl_jax import kernels
 from prfl_jax import tree as tree_lib
 from prfl_jax.algorithms import base
 from prfl_jax.algorithms import fc_defence
+from prfl_jax.algorithms import fc_groups
 
 PyTree = Any
 
@@ -111,6 +116,7 @@ class RoundStats(NamedTuple):
   own_grad_norm: jax.Array  # [N]: ||g_i(x_i)||.
   update_norm: jax.Array  # [N]: ||v_i||, the norm of the cluster estimate.
   inside: jax.Array  # [N, S] bool: group slot j inside client i's final ball.
+  coefs: jax.Array  # [N, S]: weight of group slot j in client i's estimate.
 
 
 def clustered_update(loss_fn, optimizer: optax.GradientTransformation,
@@ -118,7 +124,8 @@ def clustered_update(loss_fn, optimizer: optax.GradientTransformation,
                      byzantine: jax.Array, key: jax.Array, *, radius,
                      num_iters: int, num_groups: int,
                      plan: kernels.ExecutionPlan, attack=None,
-                     cluster=True, pre_aggregator=None, ball_cap=None):
+                     cluster=True, pre_aggregator=None, ball_cap=None,
+                     grouping=None, round_index=0):
   """One clustering round: every client steps with its estimate `v_i`.
 
   Every client's group is clustered (Algorithm 1, line 7) and the client
@@ -150,6 +157,10 @@ def clustered_update(loss_fn, optimizer: optax.GradientTransformation,
       for the group size (`kernels.resolve_plan`).
     cluster: `[]` bool, possibly traced: cluster (True) or take a plain local
       step (False; `RoundStats.inside` is then all False).
+    grouping: None (uniformly random groups) or a rule
+      `grouping(key, params, num_groups, round_index) -> groups` such as
+      `fc_groups.cluster_aware()`.
+    round_index: `[]` int rounds done (read by `grouping`).
 
   Returns:
     `(params, opt_state, stats, groups)`: the updated params and optimizer
@@ -158,7 +169,8 @@ def clustered_update(loss_fn, optimizer: optax.GradientTransformation,
   """
   n = byzantine.shape[0]
   group_key, attack_key = jax.random.split(key)
-  groups = random_groups(group_key, n, num_groups)
+  groups = (random_groups(group_key, n, num_groups) if grouping is None else
+            grouping(group_key, params, num_groups, round_index))
   size = groups.index.shape[1]
   group_shape = lambda t: jax.tree.map(lambda x: jax.ShapeDtypeStruct(
       (size,) + x.shape[1:], x.dtype), t)
@@ -180,15 +192,19 @@ def clustered_update(loss_fn, optimizer: optax.GradientTransformation,
           loss_fn, gparams, gbatch, byzantine[index] & (weight > 0), weight,
           gkey, radius=radius, num_iters=num_iters, plan=plan,
           attack=attack, pre_aggregator=pre_aggregator, ball_cap=ball_cap)
+      coefs = (jnp.full(out.inside.shape, jnp.nan) if out.coefs is None
+               else out.coefs)
       return out.centers, RoundStats(out.own_loss, out.own_grad_norm,
-                                     base.grad_norms(out.centers), out.inside)
+                                     base.grad_norms(out.centers), out.inside,
+                                     coefs)
 
     def local(_):
       losses, grads = gradients.client_grads(loss_fn, gparams, gbatch)
       norms = base.grad_norms(grads)
       size = index.shape[0]
       return grads, RoundStats(losses, norms, norms,
-                               jnp.zeros((size, size), bool))
+                               jnp.zeros((size, size), bool),
+                               jnp.eye(size, dtype=jnp.float32))
 
     if cluster is True:
       directions, stats = clustered(None)
@@ -228,7 +244,9 @@ def federated_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
                          num_groups: int = 1, local_steps: int = 0,
                          attack=None,
                          plan: kernels.ExecutionPlan = kernels.ExecutionPlan(),
-                         pre_aggregator=None, ball_cap=None) -> base.Algorithm:
+                         pre_aggregator=None, ball_cap=None,
+                         grouping=None,
+                         true_clusters=None) -> base.Algorithm:
   """Federated-Clustering: personalized, Byzantine-robust training.
 
   Args:
@@ -252,6 +270,12 @@ def federated_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
       message takes part in at most `ceil(ball_cap * m)` of the balls, m the
       median number of balls a client joins (`fc_defence.cap_balls`; a second
       clustering pass per round). None: no cap.
+    grouping: how the `num_groups` groups are formed: None (uniformly at
+      random every round, the paper's setting) or a rule such as
+      `prfl.algorithms.fc_groups.cluster_aware()`.
+    true_clusters: optional concrete `[N]` true cluster ids, known to the
+      experimenter only: the step then also reports purity and Byzantine
+      weight (`prfl_jax.diagnostics.rounds.group_stats`).
 
   Returns:
     `Algorithm(init, step)`; `init(params, *, byzantine=None)` takes params
@@ -274,10 +298,15 @@ def federated_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
                                      ball_cap is not None))
   if not callable(radius):
     clustering.check_radius(radius, 1)
+  if grouping is not None and not callable(grouping):
+    raise TypeError(f"`grouping` must be None or a rule such as "
+                    f"fc_groups.cluster_aware(), got {type(grouping)}.")
+  truth = diagnostics.check_true_clusters(true_clusters)
 
   def init(params, *, byzantine=None) -> FederatedClusteringState:
     n = base.init_params(params)
     base.check_at_most_clients(num_groups, "num_groups", n)
+    diagnostics.rounds.check_num_clients(truth, n)
     opt_state = jax.vmap(optimizer.init)(params)
     return FederatedClusteringState(params, opt_state,
                                     base.byzantine_mask(byzantine, n),
@@ -293,7 +322,8 @@ def federated_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
         loss_fn, optimizer, state.params, state.opt_state, batch,
         state.byzantine, key, radius=radius, num_iters=num_iters,
         num_groups=num_groups, plan=plan, attack=attack,
-        cluster=cluster, pre_aggregator=pre_aggregator, ball_cap=ball_cap)
+        cluster=cluster, pre_aggregator=pre_aggregator, ball_cap=ball_cap,
+        grouping=grouping, round_index=state.round)
     # Share of each client's group inside its final ball, and the share of
     # the group that is both Byzantine and inside (0 in local rounds).
     group_of = groups.slot // groups.index.shape[1]  # [N]
@@ -311,6 +341,9 @@ def federated_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
         "byzantine_in_ball": base.benign_mean(byz_in, state.byzantine),
         "clustered": jnp.asarray(cluster, jnp.float32),
     }
+    metrics.update(diagnostics.rounds.group_stats(
+        stats.coefs, groups.index[group_of], slot_w > 0, state.byzantine,
+        truth))
     return state._replace(params=params, opt_state=opt_state,
                           round=state.round + 1), metrics
 

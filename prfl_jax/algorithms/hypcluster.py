@@ -29,6 +29,7 @@ from jax import lax
 import jax.numpy as jnp
 import optax
 
+from prfl_jax import diagnostics
 from prfl_jax import gradients
 from prfl_jax import tree as tree_lib
 from prfl_jax.algorithms import base
@@ -117,7 +118,7 @@ def maximization_step(loss_fn, optimizer: optax.GradientTransformation,
 def hypcluster(loss_fn, optimizer: optax.GradientTransformation, *,
                num_clusters: int, key=None, init_models=None,
                local_steps: int = 1, init_scale: float = 0.1,
-               attack=None) -> base.Algorithm:
+               attack=None, true_clusters=None) -> base.Algorithm:
   """HypCluster: alternate loss-based assignment and per-cluster training.
 
   Args:
@@ -134,6 +135,9 @@ def hypcluster(loss_fn, optimizer: optax.GradientTransformation, *,
     init_scale: noise scale of the random init (see
       `ifca.init_cluster_models`).
     attack: what Byzantine clients send instead of their gradients, or None.
+    true_clusters: optional concrete `[N]` true cluster ids, known to the
+      experimenter only: the step then also reports the diagnostics that
+      need them (`prfl_jax.diagnostics.rounds`).
 
   Returns:
     `Algorithm(init, step)`; `init(params, *, byzantine=None)` takes params
@@ -157,9 +161,11 @@ def hypcluster(loss_fn, optimizer: optax.GradientTransformation, *,
   base.check_positive_int(local_steps, "local_steps")
   check_init_scale(init_scale)
   check_init_source(num_clusters, init_models, key)
+  truth = diagnostics.check_true_clusters(true_clusters)
 
   def init(params, *, byzantine=None) -> HypClusterState:
     n = base.init_params(params)
+    diagnostics.rounds.check_num_clients(truth, n)
     models = init_cluster_models(
         params, num_clusters, init_models=init_models, key=key,
         init_scale=init_scale)
@@ -182,6 +188,8 @@ def hypcluster(loss_fn, optimizer: optax.GradientTransformation, *,
         "num_clusters": cluster_models.count_nonempty(assignment,
                                                       num_clusters),
     }
+    metrics.update(diagnostics.rounds.assignment_stats(
+        assignment, num_clusters, state.byzantine, truth, centers=models))
     return state._replace(params=tree_lib.take(models, assignment),
                           models=models, opt_state=opt_state,
                           assignment=assignment,

@@ -38,6 +38,7 @@ import numpy as np
 import optax
 
 from prfl_jax import aggregators
+from prfl_jax import diagnostics
 from prfl_jax import gradients
 from prfl_jax import tree as tree_lib
 from prfl_jax import validation
@@ -127,7 +128,8 @@ class IfcaState(NamedTuple):
 def ifca(loss_fn, optimizer: optax.GradientTransformation, *,
          num_clusters: int, key=None, init_models=None, option: int = 1,
          local_steps: int = 1, init_scale: float = 0.1,
-         attack=None, aggregator=None) -> base.Algorithm:
+         attack=None, aggregator=None,
+         true_clusters=None) -> base.Algorithm:
   """IFCA with gradient averaging (Option I) or model averaging (Option II).
 
   Args:
@@ -148,6 +150,9 @@ def ifca(loss_fn, optimizer: optax.GradientTransformation, *,
     aggregator: how each cluster model combines its members' messages, a
       `prfl_jax.aggregators` rule (e.g. `aggregators.median()`, applied to
       the members only); None is the members' mean.
+    true_clusters: optional concrete `[N]` true cluster ids, known to the
+      experimenter only: the step then also reports the diagnostics that
+      need them (`prfl_jax.diagnostics.rounds`).
 
   Returns:
     `Algorithm(init, step)`; `init(params, *, byzantine=None)` takes params
@@ -181,9 +186,11 @@ def ifca(loss_fn, optimizer: optax.GradientTransformation, *,
   if aggregator is not None and not callable(aggregator):
     raise TypeError(f"`aggregator` must be a prfl_jax.aggregators rule or "
                     f"None, got {type(aggregator)}.")
+  truth = diagnostics.check_true_clusters(true_clusters)
 
   def init(params, *, byzantine=None) -> IfcaState:
     n = base.init_params(params)
+    diagnostics.rounds.check_num_clients(truth, n)
     models = init_cluster_models(params, num_clusters,
                                  init_models=init_models, key=key,
                                  init_scale=init_scale)
@@ -227,6 +234,8 @@ def ifca(loss_fn, optimizer: optax.GradientTransformation, *,
         "update_norm": honest_norm,
         "num_clusters": jnp.sum(nonempty).astype(jnp.float32),
     }
+    metrics.update(diagnostics.rounds.assignment_stats(
+        assignment, num_clusters, state.byzantine, truth, centers=models))
     return state._replace(params=tree_lib.take(models, assignment),
                           models=models, opt_state=opt_state,
                           assignment=assignment,

@@ -6,9 +6,45 @@ momenta with K centres carried over from the previous round, assigns every
 client to its nearest centre and sends it that centre, which the client uses as
 its update direction. Communication is O(N) per round instead of O(N^2).
 
-The K centres are initialised in the first round by farthest-first traversal of
-the momenta (a random first client, then repeatedly the client farthest from
-every chosen centre), so that well-separated clusters start with a centre each.
+The paper leaves five choices open; each is an option here. The default,
+`balls="assigned", sticky=True`, kept K active clusters and was the most
+accurate on Fashion-MNIST Table 1 (`experiments/results/momentum_clustering/`;
+its assignment still drifts from the true clusters over the rounds), but
+diverges on the synthetic regression federation, where `sticky=False` works.
+The paper-literal reading is `balls="all", sticky=False, warmup_rounds=0,
+reseed=False, bias_correction=False`, under which the centres collapse onto
+one another within a few tens of rounds on both:
+
+* `balls`: Algorithm 2 averages every centre's ball over all N points
+  (`"all"`), so the balls do not compete: centres whose balls overlap are
+  pulled to the same points and never separate, and the clients of a
+  duplicate centre move together. `"assigned"` gives each centre only its
+  own clients, those assigned to it last round (`clustering.cluster_and_assign`
+  with `members`; at the seeding round, the points nearest to it), so each
+  centre follows its clients' momenta wherever they moved since the last
+  round, and only the final nearest-centre assignment moves clients between
+  centres. With `"all"`, a drift shared by all momenta (their common part
+  changes from round to round) leaves the carried centres behind, and the
+  nearest one is then the one lying furthest along the drift for every
+  client.
+* `sticky` (with `balls="assigned"`): Algorithm 3 does not say how `k_i` is
+  chosen; by default every client goes to its nearest centre. With `sticky`
+  a client stays with its centre while its momentum is inside that centre's
+  final ball, and only the others go to their nearest centre, so noise in
+  one round's momenta does not reshuffle clients whose models have been
+  moving together.
+* `warmup_rounds`: the K centres are seeded by farthest-first traversal of
+  the momenta (a random first client, then repeatedly the client farthest
+  from every chosen centre) at round `warmup_rounds`; before it every client
+  steps with its own momentum (no clustering). Round-1 momenta are `alpha`
+  times one noisy gradient.
+* `reseed`: a centre that received no client, or coincides with a centre of
+  lower index, moves to the momentum of a random client of the largest
+  cluster for the next round.
+* `bias_correction`: the server clusters `m_i / (1 - (1 - alpha)^t)` (as
+  Adam does), so that the carried centres and this round's momenta have the
+  same scale during the first ~1/alpha rounds; the direction sent back is
+  rescaled, so the step is unchanged.
 """
 
 from typing import Any, NamedTuple
@@ -19,6 +55,7 @@ import jax.numpy as jnp
 import optax
 
 from prfl_jax import clustering
+from prfl_jax import diagnostics
 from prfl_jax import gradients
 from prfl_jax import tree as tree_lib
 from prfl_jax.algorithms import base
@@ -40,11 +77,54 @@ class MomentumClusteringState(NamedTuple):
                                 "assignment", "byzantine"))
 
 
+def dead_centers(centers: PyTree, assignment: jax.Array,
+                 rtol: float = 1e-3) -> jax.Array:
+  """`[K]` bool: centres with no client, or coinciding with a lower one.
+
+  Centres k > j coincide when `||c_k - c_j|| <= rtol * max(||c_k||,
+  ||c_j||)` (as in `diagnostics.partition.center_stats`).
+  """
+  k = tree_lib.num_leading(centers)
+  sizes = jax.ops.segment_sum(jnp.ones_like(assignment), assignment, k)
+  dist = jnp.sqrt(jnp.maximum(tree_lib.sq_distances(centers, centers), 0.0))
+  norms = jnp.sqrt(tree_lib.sq_norms(centers))
+  close = dist <= rtol * jnp.maximum(norms[:, None], norms[None, :])
+  return (sizes == 0) | jnp.any(jnp.tril(close, k=-1), axis=1)
+
+
+def reseed_centers(centers: PyTree, messages: PyTree, assignment: jax.Array,
+                   key: jax.Array):
+  """Moves every dead centre to a random member of the largest cluster.
+
+  Args:
+    centers: leaves `[K, ...]`.
+    messages: the clients' momenta, leaves `[N, ...]`.
+    assignment: `[N]` int32 cluster of every client.
+    key: PRNG key drawing the members.
+
+  Returns:
+    `(centers, num_reseeded)`.
+  """
+  k = tree_lib.num_leading(centers)
+  dead = dead_centers(centers, assignment)
+  sizes = jax.ops.segment_sum(jnp.ones_like(assignment), assignment, k)
+  largest = jnp.argmax(jnp.where(dead, -1, sizes))
+  usable = tree_lib.usable(messages)
+  pick = jax.random.categorical(
+      key, jnp.where((assignment == largest) & usable, 0.0, -jnp.inf),
+      shape=(k,))
+  new = tree_lib.take(messages, pick)
+  return tree_lib.where(dead, new, centers), jnp.sum(dead).astype(jnp.float32)
+
+
 def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
                         num_clusters: int, radius: clustering.Radius,
                         num_iters: int = 10, alpha: float = 0.1,
-                        attack=None, method: str = "direct"
-                        ) -> base.Algorithm:
+                        attack=None, method: str = "direct",
+                        balls: str = "assigned", sticky=None,
+                        warmup_rounds: int = 0,
+                        reseed: bool = False, bias_correction: bool = False,
+                        true_clusters=None) -> base.Algorithm:
   """Momentum-Clustering: server-side clustering of client momenta.
 
   Args:
@@ -52,24 +132,40 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
     optimizer: optax optimizer applied per client to its centre
       (`optax.sgd(eta)` is the paper's `x <- x - eta * v_{k_i}`).
     num_clusters: K, the number of centres (K <= N).
-    radius: Threshold-Clustering radius (scalar, `[K]`, or a rule).
+    radius: Threshold-Clustering radius (scalar, `[K]`, or a rule). With
+      `balls="assigned"` a quantile rule is over each centre's own points.
     num_iters: Threshold-Clustering steps per round.
     alpha: momentum weight of the new gradient, in (0, 1].
     attack: what Byzantine clients send instead of their momentum, or None.
     method: Threshold-Clustering kernel, "direct" or "gram". "gram" computes
-      one `[N, N]` Gram matrix of the momenta per round (shared by the
-      first round's farthest-first) and reads all distances off it
+      one `[N, N]` Gram matrix of the momenta per round (shared by
+      farthest-first) and reads all distances off it
       (`clustering.cluster_and_assign`); the carried centres, which are not
       combinations of this round's momenta, enter through their `[N, K]`
       inner products with the momenta.
+    balls: `"all"` (Algorithm 2 as written) or `"assigned"` (see the
+      module docstring).
+    sticky: clients stay with their centre while inside its ball (needs
+      `balls="assigned"`); None: True with `balls="assigned"`.
+    warmup_rounds: rounds of own-momentum steps before the centres are
+      seeded.
+    reseed: move empty or coinciding centres (see the module docstring).
+    bias_correction: cluster bias-corrected momenta.
+    true_clusters: optional concrete `[N]` true cluster ids, known to the
+      experimenter only: the step then also reports the diagnostics that
+      need them (`prfl_jax.diagnostics.rounds`).
 
   Returns:
-    `Algorithm(init, step)`.
+    `Algorithm(init, step)`. Besides `loss`, `grad_norm`, `update_norm` and
+    `num_active_clusters`, the step reports `reseeded` (centres moved),
+    `carried_weight` (mean weight of the carried centre in a client's
+    direction) and `diagnostics.rounds.assignment_stats`.
 
   Raises:
     TypeError: if `optimizer` is not an optax transformation.
-    ValueError: on a bad `num_clusters`, `num_iters`, `alpha`, `radius` or
-      `method`; at `init`, if K > N.
+    ValueError: on a bad `num_clusters`, `num_iters`, `alpha`, `radius`,
+      `method`, `balls`, `warmup_rounds` or `true_clusters`; at `init`, if
+      K > N or `true_clusters` does not have N entries.
 
   References:
     Werner et al., 2023, Algorithm 3 (Momentum-Clustering).
@@ -77,39 +173,82 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
   base.check_optimizer(optimizer)
   base.check_positive_int(num_clusters, "num_clusters")
   base.check_positive_int(num_iters, "num_iters")
+  base.check_positive_int(warmup_rounds, "warmup_rounds", minimum=0)
   if not isinstance(alpha, jax.core.Tracer) and not 0.0 < float(alpha) <= 1.0:
     raise ValueError(f"`alpha` must be in (0, 1], got {alpha!r}.")
   clustering.check_radius(radius, num_clusters)
   clustering.check_method(method)
+  clustering.check_balls(balls)
+  if sticky is None:
+    sticky = balls == "assigned"
+  if sticky and balls != "assigned":
+    raise ValueError("`sticky=True` needs balls='assigned' (the clients of "
+                     "each centre are carried over).")
+  truth = diagnostics.check_true_clusters(true_clusters)
+  k = num_clusters
 
   def init(params, *, byzantine=None) -> MomentumClusteringState:
     n = base.init_params(params)
     base.check_at_most_clients(num_clusters, "num_clusters", n)
+    diagnostics.rounds.check_num_clients(truth, n)
     zeros = jax.tree.map(jnp.zeros_like, params)
-    centers = jax.tree.map(lambda p: jnp.zeros((num_clusters,) + p.shape[1:],
-                                               p.dtype), params)
+    centers = jax.tree.map(lambda p: jnp.zeros((k,) + p.shape[1:], p.dtype),
+                           params)
     return MomentumClusteringState(
         params, jax.vmap(optimizer.init)(params), zeros, centers,
         jnp.zeros((n,), jnp.int32), base.byzantine_mask(byzantine, n),
         jnp.zeros((), jnp.int32))
 
+  def cluster(state, sent, messages, keys):
+    """The server's round: (centers, assignment, directions, coefs, moved)."""
+    del sent
+    seed_key, reseed_key = keys
+    gram = tree_lib.gram(messages) if method == "gram" else None
+    seeding = state.round == warmup_rounds
+    members = None
+    if balls == "assigned":  # The seeding round: the nearest centre.
+      members = jnp.where(seeding, -1, state.assignment)
+    prev = lax.cond(seeding,
+                    lambda: tree_lib.take(messages, clustering.farthest_first(
+                        messages, k, seed_key, gram=gram)),
+                    lambda: state.centers)
+    centers, assignment, directions, info = (
+        clustering.cluster_and_assign_with_info(
+            messages, prev, radius=radius, num_iters=num_iters,
+            method=method, gram=gram, balls=balls, members=members,
+            sticky=sticky))
+    moved = jnp.zeros((), jnp.float32)
+    if reseed:
+      centers, moved = reseed_centers(centers, messages, assignment,
+                                      reseed_key)
+    return centers, assignment, directions, info.coefs[assignment], moved
+
+  def own(state, sent, messages, keys):
+    """A warm-up round: every client steps with its own momentum."""
+    del messages, keys
+    n = state.assignment.shape[0]
+    return (state.centers, state.assignment, sent,
+            jnp.eye(n, dtype=jnp.float32), jnp.zeros((), jnp.float32))
+
   def step(state: MomentumClusteringState, batch, key):
     gradients.check_loss_fn(loss_fn, state.params, batch)  # At trace time.
     base.check_at_most_clients(num_clusters, "num_clusters",
                                state.byzantine.shape[0])
-    init_key, attack_key = jax.random.split(key)
+    seed_key, attack_key, reseed_key = jax.random.split(key, 3)
     losses, grads = gradients.client_grads(loss_fn, state.params, batch)
     momentum = jax.tree.map(lambda g, m: alpha * g + (1.0 - alpha) * m,
                             grads, state.momentum)
-    messages = base.attacked(attack, momentum, state.byzantine, attack_key)
-    gram = tree_lib.gram(messages) if method == "gram" else None
-    prev = lax.cond(state.round == 0,
-                    lambda: tree_lib.take(messages, clustering.farthest_first(
-                        messages, num_clusters, init_key, gram=gram)),
-                    lambda: state.centers)
-    centers, assignment, directions = clustering.cluster_and_assign(
-        messages, prev, radius=radius, num_iters=num_iters, method=method,
-        gram=gram)
+    scale = (1.0 - (1.0 - alpha) ** (state.round + 1).astype(jnp.float32)
+             if bias_correction else jnp.ones((), jnp.float32))
+    sent = jax.tree.map(lambda m: m / scale.astype(m.dtype), momentum)
+    messages = base.attacked(attack, sent, state.byzantine, attack_key)
+    args = (state, sent, messages, (seed_key, reseed_key))
+    if warmup_rounds:
+      out = lax.cond(state.round < warmup_rounds, own, cluster, *args)
+    else:
+      out = cluster(*args)
+    centers, assignment, directions, row_coefs, moved = out
+    directions = jax.tree.map(lambda d: d * scale.astype(d.dtype), directions)
     params, opt_state = base.apply_updates(optimizer, directions,
                                            state.opt_state, state.params)
     metrics = {
@@ -117,9 +256,14 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
         "grad_norm": base.benign_mean(base.grad_norms(grads), state.byzantine),
         "update_norm": base.benign_mean(base.grad_norms(directions),
                                         state.byzantine),
-        "num_active_clusters": cluster_models.count_nonempty(assignment,
-                                                             num_clusters),
+        "num_active_clusters": cluster_models.count_nonempty(assignment, k),
+        "reseeded": moved,
+        "carried_weight": base.benign_mean(1.0 - jnp.sum(row_coefs, axis=1),
+                                           state.byzantine),
     }
+    metrics.update(diagnostics.rounds.assignment_stats(
+        assignment, k, state.byzantine, truth, row_coefs=row_coefs,
+        centers=centers))
     new_state = MomentumClusteringState(params, opt_state, momentum, centers,
                                         assignment, state.byzantine,
                                         state.round + 1)

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import optax
 
 from prfl_jax import clustering
+from prfl_jax import diagnostics
 from prfl_jax import gradients
 from prfl_jax import tree as tree_lib
 from prfl_jax.algorithms import base
@@ -50,7 +51,8 @@ class MyopicClusteringState(NamedTuple):
 def myopic_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
                       num_clusters: int, radius: clustering.Radius,
                       num_iters: int = 10, separation=None,
-                      attack=None, method: str = "direct") -> base.Algorithm:
+                      attack=None, method: str = "direct",
+                      true_clusters=None) -> base.Algorithm:
   """Myopic-Clustering: cluster the clients' own gradients, apply the centre.
 
   Args:
@@ -69,6 +71,9 @@ def myopic_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
       farthest-first, clustering and assignment distances off it
       (`clustering.cluster_and_assign`): much faster when the model is large
       (same result up to float rounding of the distances).
+    true_clusters: optional concrete `[N]` true cluster ids, known to the
+      experimenter only: the step then also reports the diagnostics that
+      need them (`prfl_jax.diagnostics.rounds`).
 
   Returns:
     `Algorithm(init, step)`; `init(params, *, byzantine=None)` takes params
@@ -93,10 +98,12 @@ def myopic_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
     separation = float(radius) if scalar else 0.0
   cluster_models.check_non_negative(separation, "separation")
   clustering.check_method(method)
+  truth = diagnostics.check_true_clusters(true_clusters)
 
   def init(params, *, byzantine=None) -> MyopicClusteringState:
     n = base.init_params(params)
     base.check_at_most_clients(num_clusters, "num_clusters", n)
+    diagnostics.rounds.check_num_clients(truth, n)
     return MyopicClusteringState(
         params, jax.vmap(optimizer.init)(params),
         jnp.zeros((n,), jnp.int32), base.byzantine_mask(byzantine, n),
@@ -112,9 +119,13 @@ def myopic_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
     gram = tree_lib.gram(messages) if method == "gram" else None
     index = clustering.farthest_first(messages, num_clusters, start_key,
                                       separation=separation, gram=gram)
-    _, assignment, directions = clustering.cluster_and_assign(
-        messages, tree_lib.take(messages, index), radius=radius,
-        num_iters=num_iters, method=method, gram=gram)
+    centers, assignment, directions, info = (
+        clustering.cluster_and_assign_with_info(
+            messages, tree_lib.take(messages, index), radius=radius,
+            num_iters=num_iters, method=method, gram=gram))
+    # Centre k started at message index[k], which keeps 1 - sum_i a_ki.
+    coefs = info.coefs + jax.nn.one_hot(index, assignment.shape[0]) * (
+        1.0 - jnp.sum(info.coefs, axis=1, keepdims=True))
     params, opt_state = base.apply_updates(optimizer, directions,
                                            state.opt_state, state.params)
     metrics = {
@@ -123,6 +134,9 @@ def myopic_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
         "num_clusters": cluster_models.count_nonempty(assignment,
                                                       num_clusters),
     }
+    metrics.update(diagnostics.rounds.assignment_stats(
+        assignment, num_clusters, state.byzantine, truth, coefs=coefs,
+        centers=centers))
     return state._replace(params=params, opt_state=opt_state,
                           assignment=assignment,
                           round=state.round + 1), metrics

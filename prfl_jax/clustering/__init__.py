@@ -22,7 +22,9 @@ Two kernels compute the same thing:
 """
 
 from prfl_jax.clustering.assignment import assign
+from prfl_jax.clustering.assignment import check_balls
 from prfl_jax.clustering.assignment import cluster_and_assign
+from prfl_jax.clustering.assignment import cluster_and_assign_with_info
 from prfl_jax.clustering.assignment import farthest_first
 from prfl_jax.clustering.radius import check_radius
 from prfl_jax.clustering.radius import masked_quantile
@@ -41,9 +43,9 @@ from prfl_jax.clustering.threshold import threshold_clustering_with_info
 
 __all__ = [
     "ClusteringInfo", "QuantileRadius", "RANK_QUANTILE_MAX_N", "Radius",
-    "RadiusRule", "as_float",
-    "assign", "check_method", "check_radius", "check_weights",
-    "cluster_and_assign", "farthest_first", "gram_clustering_coefs",
+    "RadiusRule", "as_float", "assign", "check_balls", "check_method",
+    "check_radius", "check_weights", "cluster_and_assign",
+    "cluster_and_assign_with_info", "farthest_first", "gram_clustering_coefs",
     "masked_quantile", "quantile_radius", "threshold_clustering",
     "threshold_clustering_with_info",
 ]

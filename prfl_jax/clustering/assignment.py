@@ -22,7 +22,8 @@ from prfl_jax.clustering.radius import Radius
 from prfl_jax.clustering.threshold import _prepare
 from prfl_jax.clustering.threshold import as_float
 from prfl_jax.clustering.threshold import check_method
-from prfl_jax.clustering.threshold import threshold_clustering
+from prfl_jax.clustering.threshold import ClusteringInfo
+from prfl_jax.clustering.threshold import threshold_clustering_with_info
 
 PyTree = Any
 
@@ -145,16 +146,22 @@ def _shared(points, init_centers, gram) -> _Shared:
             for z, v in zip(jax.tree.leaves(points),
                             jax.tree.leaves(init_centers)))
   gzc = jnp.where(valid[:, None], gzc, 0.0)
-  # Repeated initial centres (e.g. farthest-first's unopened slots) follow
-  # the same iterates and lose every tie in `assign`, exactly as in `direct`.
+  return _Shared(gzz, gzc, jnp.where(valid, zz, 0.0),
+                 tree_lib.sq_norms(init_centers), valid,
+                 _first_equal(init_centers))
+
+
+def _first_equal(init_centers) -> jax.Array:
+  """`[K]` int32: the lowest j with `v0_j == v0_k` exactly.
+
+  Repeated initial centres (e.g. farthest-first's unopened slots) follow
+  the same iterates and lose every tie in `assign`, exactly as in `direct`.
+  """
   equal = functools.reduce(jnp.logical_and, [
       jnp.all((v[:, None] == v[None, :]).reshape(v.shape[0], v.shape[0], -1),
               axis=-1) for v in jax.tree.leaves(init_centers)])
-  k = equal.shape[0]
-  equal = equal | jnp.eye(k, dtype=bool)
-  first = jnp.argmax(equal, axis=1).astype(jnp.int32)
-  return _Shared(gzz, gzc, jnp.where(valid, zz, 0.0),
-                 tree_lib.sq_norms(init_centers), valid, first)
+  equal = equal | jnp.eye(equal.shape[0], dtype=bool)
+  return jnp.argmax(equal, axis=1).astype(jnp.int32)
 
 
 def _gram_sq_distances(sh: _Shared, a: jax.Array, b: jax.Array) -> jax.Array:
@@ -166,42 +173,129 @@ def _gram_sq_distances(sh: _Shared, a: jax.Array, b: jax.Array) -> jax.Array:
   return sh.zz[None, :] - 2.0 * cross + cc[:, None]
 
 
-def _gram_cluster_and_assign(points, init_centers, radius, num_iters,
-                             weights, gram):
-  """One-Gram kernel of `cluster_and_assign`; returns (centers, assignment)."""
-  sh = _shared(points, init_centers, gram)
-  dtype = weights.dtype
-  total = jnp.sum(weights)
-  w_scaled = weights / jnp.where(total > 0, total, 1.0)
+_BALLS = ("all", "assigned")
+
+
+def check_balls(balls) -> str:
+  """Raises ValueError unless `balls` is `"all"` or `"assigned"`."""
+  if not isinstance(balls, str) or balls not in _BALLS:
+    raise ValueError(f"`balls` must be one of {_BALLS}, got {balls!r}.")
+  return balls
+
+
+def _combination_cluster_and_assign(points, init_centers, radius, num_iters,
+                                    weights, gram, method, balls, members,
+                                    sticky):
+  """Clustering on centres `c_k = b_k v0_k + sum_i a_ki z_i`.
+
+  `method="gram"` reads every distance off one Gram matrix; `"direct"`
+  materialises the centres at each step. Returns (centers, assignment, info).
+  """
   k, n = tree_lib.num_leading(init_centers), weights.shape[0]
-  valid = jnp.broadcast_to(sh.valid, (k, n))
+  if method == "gram":
+    sh = _shared(points, init_centers, gram)
+    valid, first = sh.valid, sh.first
+    sq_dist = functools.partial(_gram_sq_distances, sh)
+  else:
+    valid, first = tree_lib.usable(points), _first_equal(init_centers)
+    points = tree_lib.where(valid, points, jax.tree.map(jnp.zeros_like,
+                                                        points))
+
+    def sq_dist(a, b):
+      centers = jax.tree.map(
+          lambda m, v: m + b.reshape((-1,) + (1,) * (v.ndim - 1)).astype(
+              v.dtype) * v, tree_lib.combine(a, points), init_centers)
+      return tree_lib.sq_distances(points, centers).T
+  valid_kn = jnp.broadcast_to(valid, (k, n))
+  dtype = weights.dtype
+
+  def nearest(d2):
+    d2 = jnp.where(valid_kn & (first == jnp.arange(k))[:, None] &
+                   jnp.isfinite(d2), d2, jnp.inf)
+    return jnp.argmin(d2, axis=0).astype(jnp.int32)
 
   def body(_, carry):
-    a, b = carry
-    inside, _ = _inside(_gram_sq_distances(sh, a, b), valid, weights > 0,
-                        radius)
-    step = jnp.where(inside, w_scaled[None, :], 0.0)
+    a, b, _, _ = carry
+    d2 = sq_dist(a, b)
+    if balls == "assigned":  # Each centre's ball over its own members.
+      own = nearest(d2)
+      if members is not None:
+        own = jnp.where(members >= 0, members, own)
+      member = jax.nn.one_hot(own, k, dtype=dtype).T * jnp.where(
+          valid, weights, 0.0)[None, :]
+    else:
+      member = jnp.broadcast_to(weights, (k, n))
+    total = jnp.sum(member, axis=1, keepdims=True)
+    inside, tau = _inside(d2, valid_kn, member > 0, radius)
+    step = jnp.where(inside, member / jnp.where(total > 0, total, 1.0), 0.0)
     keep = 1.0 - jnp.sum(step, axis=1)
     a, b = keep[:, None] * a + step, keep * b
-    return a[sh.first], b[sh.first]
+    return a[first], b[first], inside, tau.astype(dtype)
 
-  a, b = lax.fori_loop(0, num_iters, body, (jnp.zeros((k, n), dtype),
-                                            jnp.ones((k,), dtype)))
-  d2 = _gram_sq_distances(sh, a, b).T  # [N, K]
-  d2 = jnp.where(sh.valid[:, None] & (sh.first == jnp.arange(k))[None, :] &
-                 jnp.isfinite(d2), d2, jnp.inf)
-  assignment = jnp.argmin(d2, axis=1).astype(jnp.int32)
+  a, b, inside, tau = lax.fori_loop(
+      0, num_iters, body, (jnp.zeros((k, n), dtype), jnp.ones((k,), dtype),
+                           jnp.zeros((k, n), bool), jnp.zeros((k,), dtype)))
+  d2 = sq_dist(a, b)
+  assignment = nearest(d2)
+  if sticky:  # Inside its centre's final ball: a point stays.
+    own = jnp.maximum(members, 0)
+    dist = jnp.sqrt(jnp.maximum(d2[own, jnp.arange(n)], 0.0))
+    stay = (members >= 0) & valid & (dist <= tau[own])
+    assignment = jnp.where(stay, own, assignment).astype(jnp.int32)
   moved = jax.vmap(tree_lib.masked_combination, in_axes=(0, None, None))(
-      a, points, sh.valid)
+      a, points, valid)
   centers = jax.tree.map(
       lambda m, v: m + b.reshape((-1,) + (1,) * (v.ndim - 1)).astype(
           v.dtype) * v, moved, init_centers)
-  return centers, assignment
+  return centers, assignment, ClusteringInfo(inside, tau, a)
+
+
+def cluster_and_assign_with_info(points: PyTree, init_centers: PyTree, *,
+                                 radius: Radius, num_iters: int = 10,
+                                 weights=None, method: str = "direct",
+                                 gram=None, balls: str = "all",
+                                 members=None, sticky: bool = False):
+  """`cluster_and_assign` that also returns the last step's `ClusteringInfo`.
+
+  `info.coefs[k, i]` is the weight of point i in centre k; the initial
+  centre keeps `1 - sum_i info.coefs[k, i]`.
+  """
+  check_method(method)
+  check_balls(balls)
+  if members is not None:
+    if balls != "assigned":
+      raise ValueError("`members` is only used with balls='assigned'.")
+    n = tree_lib.num_leading(points, "points")
+    if np.shape(members) != (n,):
+      raise ValueError(f"`members` must have shape [{n}] (a centre per "
+                       f"point), got {np.shape(members)}.")
+  if sticky and members is None:
+    raise ValueError("`sticky` needs `members` (the centres points stay "
+                     "with).")
+  if gram is not None:
+    if method != "gram":
+      raise ValueError(
+          f"`gram` is only used by method='gram', got method={method!r}.")
+    _check_gram(gram, tree_lib.num_leading(points, "points"))
+  if method == "direct" and balls == "all":
+    centers, info = threshold_clustering_with_info(
+        points, init_centers, radius=radius, num_iters=num_iters,
+        weights=weights, method=method)
+    assignment = assign(points, centers)
+  else:
+    points, init_centers, weights = _prepare(points, init_centers, radius,
+                                             num_iters, weights, method)
+    centers, assignment, info = _combination_cluster_and_assign(
+        points, init_centers, radius, num_iters, weights, gram, method, balls,
+        members, sticky)
+  return centers, assignment, tree_lib.take(centers, assignment), info
 
 
 def cluster_and_assign(points: PyTree, init_centers: PyTree, *,
                        radius: Radius, num_iters: int = 10, weights=None,
-                       method: str = "direct", gram=None):
+                       method: str = "direct", gram=None,
+                       balls: str = "all", members=None,
+                       sticky: bool = False):
   """Threshold-Clustering, then every point's nearest centre.
 
   The server side of Myopic-Clustering and Momentum-Clustering.
@@ -218,12 +312,32 @@ def cluster_and_assign(points: PyTree, init_centers: PyTree, *,
   off by cancellation, so a point within rounding of a ball's radius may
   fall on the other side).
 
+  `balls="all"` is Algorithm 2 as written: every centre's ball, radius rule
+  and average run over all N points, so the balls do not compete and
+  centres whose balls overlap are pulled to the same points.
+  `balls="assigned"` (beyond the paper) gives each centre, at every step,
+  only the points nearest to it: its radius rule (e.g. the quantile) and
+  its average `1/W_k sum_{i nearest to k} (...)` run over those, as in a
+  trimmed k-means; a centre without points stays where it is, and an
+  unusable point belongs to no centre. Repeated initial centres then get
+  no points (ties go to the lowest index). With `members` (e.g. the last
+  round's assignment) each centre keeps those points for all the steps
+  instead, so the centres follow their points wherever they moved, and only
+  the final assignment changes membership; with `sticky=True` a point
+  inside its member centre's final ball (the last step's radius) stays
+  with it, and only the others go to their nearest centre.
+
   Args:
     points: pytree, every leaf `[N, ...]`.
     init_centers: pytree, every leaf `[K, ...]`.
     radius, num_iters, weights, method: as in `threshold_clustering`.
     gram: optional `[N, N]` `tree.gram(points)` already computed (e.g. for
       `farthest_first(..., gram=gram)`), only with `method="gram"`.
+    balls: `"all"` or `"assigned"` (see above).
+    members: optional `[N]` int centre of every point during the steps, only
+      with `balls="assigned"` (see above); a negative entry gives that point
+      its nearest centre at every step.
+    sticky: with `members`, keep points inside their centre's final ball.
 
   Returns:
     `(centers, assignment, assigned)`: centres leaves `[K, ...]`, `[N]` int32
@@ -231,23 +345,11 @@ def cluster_and_assign(points: PyTree, init_centers: PyTree, *,
     centre, leaves `[N, ...]`.
 
   Raises:
-    ValueError: as `threshold_clustering`, or if `gram` is given with
-      another method or is not `[N, N]`.
+    ValueError: as `threshold_clustering`, on an unknown `balls`, or if
+      `gram` is given with another method or is not `[N, N]`.
   """
-  check_method(method)
-  if gram is not None:
-    if method != "gram":
-      raise ValueError(
-          f"`gram` is only used by method='gram', got method={method!r}.")
-    _check_gram(gram, tree_lib.num_leading(points, "points"))
-  if method == "direct":
-    centers = threshold_clustering(points, init_centers, radius=radius,
-                                   num_iters=num_iters, weights=weights,
-                                   method=method)
-    assignment = assign(points, centers)
-  else:
-    points, init_centers, weights = _prepare(points, init_centers, radius,
-                                             num_iters, weights, method)
-    centers, assignment = _gram_cluster_and_assign(
-        points, init_centers, radius, num_iters, weights, gram)
-  return centers, assignment, tree_lib.take(centers, assignment)
+  centers, assignment, assigned, _ = cluster_and_assign_with_info(
+      points, init_centers, radius=radius, num_iters=num_iters,
+      weights=weights, method=method, gram=gram, balls=balls,
+      members=members, sticky=sticky)
+  return centers, assignment, assigned

@@ -10,7 +10,7 @@ in the package docstring (`prfl_jax.clustering`).
 """
 
 import functools
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 from jax import lax
@@ -43,9 +43,12 @@ def check_method(method) -> str:
 
 
 class ClusteringInfo(NamedTuple):
-  """What the last clustering step saw."""
+  """What the last clustering step saw, and the centres' weights."""
   inside: jax.Array  # [K, N] bool: point i inside centre k's ball at the end.
   radius: jax.Array  # [K] radius used at the last step.
+  # [K, N] weight a_ki of point i in centre k: v_k = (1 - sum_i a_ki) v0_k +
+  # sum_i a_ki z_i (0 for unusable points; see `prfl_jax.diagnostics`).
+  coefs: Optional[jax.Array] = None
 
 
 def _check_num_iters(num_iters):
@@ -138,6 +141,7 @@ class _DirectCarry(NamedTuple):
   centers: PyTree  # leaves [K, ...]
   inside: jax.Array  # [K, N] bool
   tau: jax.Array  # [K]
+  coefs: jax.Array  # [K, N] weights of the points in the centres.
 
 
 def _direct(points, init_centers, radius, num_iters, weights):
@@ -166,12 +170,14 @@ def _direct(points, init_centers, radius, num_iters, weights):
     centers = jax.tree.map(
         lambda m, v: m + keep.reshape((-1,) + (1,) * (v.ndim - 1)).astype(
             v.dtype) * v, moved, carry.centers)
-    return _DirectCarry(centers, inside, tau)
+    return _DirectCarry(centers, inside, tau,
+                        keep[:, None] * carry.coefs + coefs)
 
   init = _DirectCarry(init_centers, jnp.zeros((k, n), bool),
-                      jnp.zeros((k,), tau_dtype))
+                      jnp.zeros((k,), tau_dtype),
+                      jnp.zeros((k, n), weights.dtype))
   out = lax.fori_loop(0, num_iters, body, init)
-  return out.centers, ClusteringInfo(out.inside, out.tau)
+  return out.centers, ClusteringInfo(out.inside, out.tau, out.coefs)
 
 
 class _GramCarry(NamedTuple):
@@ -225,7 +231,7 @@ def gram_clustering_coefs(grams: jax.Array, radius: Radius, num_iters: int,
   init = _GramCarry(jnp.zeros((k, n), grams.dtype), jnp.zeros((k, n), bool),
                     jnp.zeros((k,), grams.dtype))
   out = lax.fori_loop(0, num_iters, body, init)
-  return out.coefs, ClusteringInfo(out.inside, out.tau)
+  return out.coefs, ClusteringInfo(out.inside, out.tau, out.coefs)
 
 
 def threshold_clustering_with_info(points: PyTree, init_centers: PyTree, *,

@@ -46,6 +46,9 @@ class PairsOutput(NamedTuple):
   own_loss: jax.Array  # [M]: f_i(x_i) on client i's batch.
   own_grad_norm: jax.Array  # [M]: ||g_i(x_i)||.
   inside: jax.Array  # [M, N] bool: client j inside model i's final ball.
+  # [M, N] weight c_ij of client j's gradient in v_i = sum_j c_ij g_j(x_i)
+  # (`owner_coefs`; None if the kernel does not give it).
+  coefs: Optional[jax.Array] = None
 
 
 class Kernel(NamedTuple):

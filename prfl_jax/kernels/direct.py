@@ -32,7 +32,8 @@ def _cluster(problem: base.Problem, ctx, index, x_i) -> base.PairsOutput:
       num_iters=problem.num_iters, weights=problem.weights)
   own_norm = jnp.sqrt(tree_lib.sq_norms(jax.tree.map(lambda g: g[None], own)))
   return base.PairsOutput(jax.tree.map(lambda c: c[0], center), losses[index],
-                          own_norm[0], info.inside[0])
+                          own_norm[0], info.inside[0],
+                          base.owner_coefs(info.coefs[0], index))
 
 
 base.register_kernel("direct", base.Kernel(_prepare, _cluster))

@@ -357,7 +357,7 @@ def _cluster(problem: base.Problem, ctx: Context, index,
   center = jax.tree.map(lambda v, x: v.astype(x.dtype), center, x_i)
   own_norm = jnp.sqrt(grads.gram[index, index])
   return base.PairsOutput(center, grads.losses[index], own_norm,
-                          info.inside[0])
+                          info.inside[0], c)
 
 
 def kernel(**options) -> base.Kernel:

@@ -72,7 +72,8 @@ def _cluster(problem: base.Problem, ctx, index, x_i) -> base.PairsOutput:
   a, info = base.cluster_on_gram(problem, gram, ok)
   center = combine_centred(a, centred, ok, own)
   own_norm = jnp.sqrt(tree_lib.sq_norms(jax.tree.map(lambda g: g[None], own)))
-  return base.PairsOutput(center, losses[index], own_norm[0], info.inside[0])
+  return base.PairsOutput(center, losses[index], own_norm[0], info.inside[0],
+                          base.owner_coefs(a, index))
 
 
 base.register_kernel("gram", base.Kernel(_prepare, _cluster))

@@ -1,0 +1,185 @@
+"""Tests of Federated-Clustering's cluster-aware groups (`fc_groups`)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import prfl_jax as prfl
+from prfl_jax.algorithms import fc_groups
+from prfl_jax.algorithms.federated_clustering import random_groups
+
+
+def clustered_models(key, num_clusters=4, per_cluster=30, dim=20,
+                     spread=0.1):
+  """Models of K well-separated clusters (client i in cluster i // n)."""
+  c_key, n_key = jax.random.split(key)
+  centres = 10.0 * jax.random.normal(c_key, (num_clusters, dim))
+  clusters = np.repeat(np.arange(num_clusters), per_cluster)
+  models = centres[clusters] + spread * jax.random.normal(
+      n_key, (len(clusters), dim))
+  return {"w": models}, clusters
+
+
+def members(groups):
+  """List of the sorted real clients of every group."""
+  index, weight = np.asarray(groups.index), np.asarray(groups.weight)
+  return [sorted(index[g][weight[g] > 0].tolist()) for g in range(len(index))]
+
+
+@pytest.mark.parametrize("n,g,share", [(120, 16, 0.25), (7, 3, 0.5),
+                                       (120, 4, 0.0), (30, 5, 1.0)])
+def test_every_client_in_exactly_one_group(n, g, share):
+  """The groups partition the clients; `slot` points back at each client.
+
+  Seen to fail when the random slots read `perm[ri]` past the drawn share
+  (a client appeared in two groups).
+  """
+  params, _ = clustered_models(jax.random.key(0), 4, n // 4 + 1)
+  params = jax.tree.map(lambda x: x[:n], params)
+  rule = fc_groups.cluster_aware(start_round=0, random_share=share)
+  groups = jax.jit(lambda *a: rule(*a), static_argnums=2)(
+      jax.random.key(1), params, g, jnp.int32(3))
+  flat = sum(members(groups), [])
+  assert sorted(flat) == list(range(n))
+  np.testing.assert_array_equal(
+      np.asarray(groups.index).ravel()[np.asarray(groups.slot)], np.arange(n))
+
+
+def test_random_share_kept_and_independent_of_the_models():
+  """r = round(0.25 * 30) = 8 slots of each of 4 groups come from the key's
+  permutation alone: the same key with other models fills them alike.
+
+  Seen to fail when the random slots were taken from the chain order.
+  """
+  n, g = 120, 4
+  rule = fc_groups.cluster_aware(start_round=0, random_share=0.25)
+  assert rule.random_slots(n, g) == 8
+  p1, _ = clustered_models(jax.random.key(0), per_cluster=30)
+  p2, _ = clustered_models(jax.random.key(5), per_cluster=30)
+  key = jax.random.key(2)
+  a, b = rule(key, p1, g, 1), rule(key, p2, g, 1)
+  perm = np.asarray(jax.random.permutation(jax.random.split(key)[0], n))
+  for groups in (a, b):
+    random_part = np.asarray(groups.index)[:, -8:]
+    np.testing.assert_array_equal(random_part.ravel(), perm[:32])
+  assert not np.array_equal(np.asarray(a.index), np.asarray(b.index))
+
+
+def test_uniform_before_start_round():
+  rule = fc_groups.cluster_aware(start_round=5, random_share=0.25)
+  params, clusters = clustered_models(jax.random.key(0))
+  groups = rule(jax.random.key(3), params, 8, jnp.int32(4))
+  assert purity(groups, clusters) < 0.5  # Random groups of 4 clusters.
+  groups = rule(jax.random.key(3), params, 8, jnp.int32(5))
+  assert purity(groups, clusters) > 0.55
+
+
+def purity(groups, clusters):
+  """Mean share of a client's group (itself included) from its cluster."""
+  shares = []
+  for m in members(groups):
+    c = clusters[m]
+    shares += [np.mean(c == ci) for ci in c]
+  return float(np.mean(shares))
+
+
+def test_groups_follow_the_clusters():
+  """120 clients in 4 tight clusters, 8 groups of 15.
+
+  Without a random share the groups are runs of the chain, one cluster each
+  (30 = 2 x 15): purity 1. With 4 random slots, the 11 similarity slots come
+  from one cluster except where the chain changes cluster, and the random
+  members mostly sit in another cluster's group: a chain member's share is
+  about (11 + 1) / 15 = 0.8, a random member's about (1 + 1) / 15, 0.6 on
+  average, still far above uniform groups' 0.29 (1/4 plus the client itself).
+
+  Seen to fail when the chain ignored the distances (a random order).
+  """
+  params, clusters = clustered_models(jax.random.key(0))
+  uniform = [purity(random_groups(jax.random.key(s), 120, 8), clusters)
+             for s in range(5)]
+  for share, low in ((0.0, 0.95), (0.25, 0.55)):
+    rule = fc_groups.cluster_aware(start_round=0, random_share=share)
+    values = [purity(rule(jax.random.key(s), params, 8, 1), clusters)
+              for s in range(5)]
+    assert np.mean(values) > low
+  assert np.mean(uniform) < 0.35
+
+
+def test_nearest_neighbour_chain_by_hand():
+  """Points 0, 10, 1, 11 on a line: 0 -> 1 -> 10 -> 11."""
+  x = jnp.array([0.0, 10.0, 1.0, 11.0])
+  order = fc_groups.nearest_neighbour_chain((x[:, None] - x[None]) ** 2)
+  np.testing.assert_array_equal(order, [0, 2, 1, 3])
+
+
+def exposure(groups, byzantine):
+  """(share of benign clients with a Byzantine group mate, mean Byzantine
+  share of a benign client's group)."""
+  hit, share = [], []
+  for m in members(groups):
+    b = byzantine[m]
+    for i, bi in zip(m, b):
+      if not bi:
+        hit.append(b.any())
+        share.append(b.mean())
+  return np.mean(hit), np.mean(share)
+
+
+def test_attacker_between_the_clusters_reaches_fewer_groups():
+  """12 of 120 clients are Byzantine and place their models at the mean of
+  the honest models, to be close to every cluster (and so stay in every
+  group). Under cluster-aware groups (16 groups of 8, 2 random slots) they
+  meet fewer benign clients than under uniform groups, and their mean share
+  of a benign client's group is no larger.
+
+  Seen to fail when the chain's similarity slots were dealt round-robin
+  over the groups (the attackers then sat in every group).
+  """
+  params, _ = clustered_models(jax.random.key(0))
+  byzantine = np.zeros(120, bool)
+  byzantine[::10] = True
+  honest_mean = params["w"][~byzantine].mean(0)
+  attacked = {"w": params["w"].at[byzantine].set(honest_mean)}
+  rule = fc_groups.cluster_aware(start_round=0, random_share=0.25)
+  aware = np.array([exposure(rule(jax.random.key(s), attacked, 16, 1),
+                             byzantine) for s in range(20)])
+  uniform = np.array([exposure(random_groups(jax.random.key(s), 120, 16),
+                               byzantine) for s in range(20)])
+  assert aware[:, 0].mean() < uniform[:, 0].mean()
+  assert aware[:, 1].mean() <= uniform[:, 1].mean() + 0.01
+
+
+def test_federated_clustering_with_cluster_aware_groups_runs_jitted():
+  """Two clusters of quadratic clients; after the first (uniform) round the
+  groups follow the models, and every client still steps once per round."""
+  n = 12
+  targets = jnp.where(jnp.arange(n) < 6, -5.0, 5.0)[:, None]
+  loss = lambda x, b: 0.5 * jnp.mean((x[0] - b) ** 2)
+  alg = prfl.algorithms.federated_clustering(
+      loss, optax.sgd(0.5), radius=prfl.quantile_radius(0.5), num_iters=5,
+      num_groups=2, grouping=fc_groups.cluster_aware(
+          start_round=1, random_share=0.0, sketch_dim=1))
+  state = alg.init(jnp.zeros((n, 1)))
+  step = jax.jit(alg.step)
+  for r in range(6):
+    state, _ = step(state, targets, jax.random.key(r))
+  np.testing.assert_allclose(state.params[:, 0], targets[:, 0], atol=0.5)
+
+
+@pytest.mark.parametrize("kwargs", [{"start_round": -1},
+                                    {"random_share": 1.5},
+                                    {"random_share": True},
+                                    {"sketch_dim": 0}])
+def test_bad_arguments(kwargs):
+  with pytest.raises(ValueError, match=list(kwargs)[0]):
+    fc_groups.cluster_aware(**kwargs)
+
+
+def test_grouping_must_be_callable():
+  with pytest.raises(TypeError, match="grouping"):
+    prfl.algorithms.federated_clustering(
+        lambda x, b: jnp.sum(x), optax.sgd(0.1), radius=1.0,
+        grouping="aware")
