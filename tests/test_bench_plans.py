@@ -13,8 +13,8 @@ def test_smoke_run_ranks_plans_and_names_the_default(tmp_path):
   """Every plan's centres agree (exit status 0), the default row names the
   plan `ExecutionPlan()` resolves to, and the best candidate is 1.0x itself.
 
-  Seen to fail when the default row was labelled with the unresolved
-  `auto/auto`, and when `vs_best` divided by the slowest plan instead.
+  It names the mutations it must catch (a default row labelled `auto/auto`,
+  `vs_best` against the slowest plan); neither was run in this session.
   """
   out = tmp_path / "plans.json"
   assert bench_plans.main([
