@@ -22,6 +22,7 @@ import time
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
+from jax.extend import core as jax_core
 from jax import lax
 import jax.numpy as jnp
 import numpy as np
@@ -252,14 +253,22 @@ def train(algorithm: base.Algorithm, params: PyTree,
                                      num_examples)
       return algorithm.step(state, batch, step_key)
 
+    # `step` is traced once: its jaxpr gives the metrics' shapes (for the
+    # buffer the loop writes into) and is what the loop runs.
+    jaxpr, out_shapes = jax.make_jaxpr(body, return_shape=True)(state,
+                                                                first_round)
+    run_body = jax_core.jaxpr_as_fun(jaxpr)
+    out_tree = jax.tree.structure(out_shapes)
+
     def one_round(carry):
       round_index, state, metrics = carry
-      state, values = body(state, round_index)
+      state, values = jax.tree.unflatten(
+          out_tree, run_body(*jax.tree.leaves((state, round_index))))
       metrics = jax.tree.map(lambda m, v: m.at[round_index - first_round].set(v),
                              metrics, values)
       return round_index + 1, state, metrics
 
-    shapes = jax.eval_shape(body, state, first_round)[1]
+    shapes = out_shapes[1]
     metrics = jax.tree.map(lambda s: jnp.zeros((length,) + s.shape, s.dtype),
                            shapes)
     _, state, metrics = lax.while_loop(
