@@ -58,7 +58,7 @@ def load_rows(results: str) -> list:
     with open(os.path.join(run, name)) as f:
       for r in json.load(f)["rows"]:
         key = (cfg["dataset"], cfg["heterogeneity"], r["fraction"],
-               r["attack"], r["method"])
+               cfg["rounds"], r["attack"], r["method"])
         if key in seen and abs(seen[key] - r["accuracy"]) > 1e-9:
           raise ValueError(f"{key} measured twice with different accuracies "
                            f"({seen[key]}, {r['accuracy']}).")
@@ -74,25 +74,28 @@ def load_rows(results: str) -> list:
   return rows
 
 
+def _cell(r: dict) -> tuple:
+  return (r["dataset"], r["heterogeneity"], r["fraction"], r["rounds"])
+
+
 def cells(rows: list) -> list:
-  """(dataset, heterogeneity, fraction) of the rows, in order."""
-  return sorted({(r["dataset"], r["heterogeneity"], r["fraction"])
-                 for r in rows})
+  """(dataset, heterogeneity, fraction, rounds) of the rows, in order
+  (runs of different lengths are separate cells)."""
+  return sorted({_cell(r) for r in rows})
 
 
 def summarise(rows: list) -> list:
   """Per cell and method: attack-free, worst case, its attack and drop."""
   out = []
   for cell in cells(rows):
-    here = [r for r in rows if (r["dataset"], r["heterogeneity"],
-                                r["fraction"]) == cell]
+    here = [r for r in rows if _cell(r) == cell]
     for m in sorted({r["method"] for r in here}):
       runs = [r for r in here if r["method"] == m]
       clean = [r["accuracy"] for r in runs if r["attack"] == "none"]
       low = min(runs, key=lambda r: r["accuracy"])
       out.append({
           "dataset": cell[0], "heterogeneity": cell[1], "fraction": cell[2],
-          "method": m, "attack_free": clean[0] if clean else None,
+          "rounds": cell[3], "method": m, "attack_free": clean[0] if clean else None,
           "worst": low["accuracy"], "worst_attack": low["attack"],
           "attacks": sorted(r["attack"] for r in runs if r["attack"] != "none"),
           "drop": (round(100 * (clean[0] - low["accuracy"]), 2) if clean
@@ -107,9 +110,9 @@ def _pct(x):
 def markdown(rows: list, summary: list) -> str:
   lines = ["Worst case per method (benign mean test accuracy, %; the "
            "attack-free run counts as one of the attacker's choices):", "",
-           "| data | clients | Byzantine | method | attack-free | worst case "
-           "(attack) | drop | attacks run |", "|---|---|---:|---|---:|---|"
-           "---:|---:|"]
+           "| data | clients | Byzantine | rounds | method | attack-free | "
+           "worst case (attack) | drop | attacks run |",
+           "|---|---|---:|---:|---|---:|---|---:|---:|"]
   for s in summary:
     worst = f"{_pct(s['worst'])} ({config.ATTACK_LABELS[s['worst_attack']]})"
     if not s["attacks"]:
@@ -117,17 +120,17 @@ def markdown(rows: list, summary: list) -> str:
     drop = "-" if s["drop"] is None else f"{s['drop']:.1f}"
     lines.append(
         f"| {s['dataset']} | {s['heterogeneity']} | "
-        f"{int(100 * s['fraction'])}% | {registry.label(s['method'])} | "
+        f"{int(100 * s['fraction'])}% | {s['rounds']} | "
+        f"{registry.label(s['method'])} | "
         f"{_pct(s['attack_free'])} | {worst} | {drop} | "
         f"{len(s['attacks'])} |")
   for cell in cells(rows):
-    here = {(r["attack"], r["method"]): r for r in rows
-            if (r["dataset"], r["heterogeneity"], r["fraction"]) == cell}
+    here = {(r["attack"], r["method"]): r for r in rows if _cell(r) == cell}
     methods = sorted({m for _, m in here})
     attacks = [a for a in ("none",) + config.ATTACKS + config.STRONG_ATTACKS
                if any((a, m) in here for m in methods)]
-    lines += ["", f"{cell[0]}, {cell[1]}, {int(100 * cell[2])}% Byzantine "
-              "(every run; - = not run):", "",
+    lines += ["", f"{cell[0]}, {cell[1]}, {int(100 * cell[2])}% Byzantine, "
+              f"{cell[3]} rounds (every run; - = not run):", "",
               "| attack | " + " | ".join(registry.label(m) for m in methods)
               + " |", "|---|" + "---:|" * len(methods)]
     for a in attacks:
@@ -153,7 +156,7 @@ def plot(rows: list, path: str):
   image = None
   for ax, cell in zip(axes[:, 0], all_cells):
     here = {(r["attack"], r["method"]): r["accuracy"] for r in rows
-            if (r["dataset"], r["heterogeneity"], r["fraction"]) == cell}
+            if _cell(r) == cell}
     methods = sorted({m for _, m in here})
     grid = np.array([[100 * here.get((a, m), np.nan) for a in attacks]
                      for m in methods])
@@ -168,8 +171,8 @@ def plot(rows: list, path: str):
     ax.set_xticks(range(len(attacks)))
     ax.set_xticklabels([config.ATTACK_LABELS[a] for a in attacks],
                        rotation=40, ha="right", fontsize=7)
-    ax.set_title(f"{cell[0]}, {cell[1]}, {int(100 * cell[2])}% Byzantine "
-                 "(blank: not run)", fontsize=9)
+    ax.set_title(f"{cell[0]}, {cell[1]}, {int(100 * cell[2])}% Byzantine, "
+                 f"{cell[3]} rounds (blank: not run)", fontsize=9)
   fig.colorbar(image, ax=axes[:, 0].tolist(), fraction=0.03,
                label="benign mean test accuracy (%)")
   files.save_figure(fig, path)
