@@ -10,7 +10,8 @@ from tools.mutation.preset_types import Edit
 from tools.mutation.preset_types import Lines
 
 _MNIST = "tests/test_mnist_experiment.py::"
-_FAST = tuple((_MNIST + name,) for name in (
+_FAST = (("tests/test_experiment_wiring.py",),) + tuple(
+    (_MNIST + name,) for name in (
     "test_tasks_are_built_as_themselves_and_the_oracle_gets_k_clusters",
     "test_paper_numbers_are_the_papers",
     "test_ordering_checks_and_table_by_hand",
@@ -19,7 +20,7 @@ _FAST = tuple((_MNIST + name,) for name in (
     "test_every_algorithm_builds_and_unknown_names_fail",
     "test_summary_rows_by_hand",
     "test_federation_sizes_by_hand",
-)) + (("tests/test_experiment_wiring.py",),)
+))
 
 EXPERIMENTS = [
     Lines(("experiments/registry.py",), ("*",), _FAST),

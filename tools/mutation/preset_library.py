@@ -11,7 +11,8 @@ from tools.mutation.preset_types import Edit
 from tools.mutation.preset_types import Lines
 
 _AGG = "prfl_jax/aggregators/"
-_AGG_TESTS = (("tests/test_aggregators.py",),
+_EDGES = ("tests/test_robust_edges.py",)
+_AGG_TESTS = (_EDGES, ("tests/test_aggregators.py",),
               ("tests/test_robust_aggregators.py",))
 _ROBUST_TESTS = (("tests/test_robust_aggregators.py",),
                  ("tests/test_aggregators.py",))
@@ -38,20 +39,22 @@ AGGREGATORS = [
 
 _ATT = "prfl_jax/attacks/"
 _ATT_TESTS = (("tests/test_attacks.py",), ("tests/test_attacks_optimised.py",))
+_ALIE_TESTS = (_EDGES,) + _ATT_TESTS
 ATTACKS = [
     Lines((_ATT + "base.py",), ("*",), _ATT_TESTS),
-    Lines((_ATT + "simple.py",), ("*",), _ATT_TESTS),
+    Lines((_ATT + "simple.py",), ("*",), _ALIE_TESTS),
     Lines((_ATT + "adaptive.py",), ("*",), _ATT_TESTS[::-1]),
     Lines((_ATT + "edge.py",), ("*",), _ATT_TESTS),
     Lines((_ATT + "fang.py",), ("*",), _ATT_TESTS[::-1]),
     Lines((_ATT + "optimised.py",), ("*",), _ATT_TESTS[::-1]),
     Edit((_ATT + "simple.py",), "alie", "s = jnp.floor(n / 2 + 1) - f",
          "s = jnp.ceil(n / 2 + 1) - f",
-         "ALIE's default z rounded the other way", _ATT_TESTS),
+         "ALIE's default z rounded the other way", _ALIE_TESTS),
 ]
 
 _DATA = "prfl_jax/data/"
-_PART_TESTS = (("tests/test_data_partition.py",),)
+_PART_TESTS = (("tests/test_partition_defaults.py",),
+               ("tests/test_data_partition.py",))
 PARTITIONS = [
     Lines((_DATA + "partition.py",), ("*",), _PART_TESTS),
     Lines((_DATA + "partitioners.py",), ("*",), _PART_TESTS),
@@ -94,7 +97,8 @@ def _alg(module, *tests):
   return Lines((_ALG + module,), ("*",), tuple((t,) for t in tests))
 
 
-_IFCA = ("tests/test_ifca.py", "tests/test_hypcluster.py")
+_ALG_EDGES = "tests/test_algorithm_edges.py"
+_IFCA = (_ALG_EDGES, "tests/test_ifca.py", "tests/test_hypcluster.py")
 ALGORITHMS = [
     _alg("base.py", "tests/test_baselines_core.py", "tests/test_train_inputs.py"),
     _alg("cluster_models.py", *_IFCA, "tests/test_cfl.py"),
@@ -102,30 +106,32 @@ ALGORITHMS = [
          "tests/test_fedavg_aggregators.py"),
     _alg("local.py", "tests/test_baselines_core.py"),
     _alg("oracle.py", "tests/test_baselines_core.py"),
-    _alg("ditto.py", "tests/test_ditto.py"),
+    _alg("ditto.py", _ALG_EDGES, "tests/test_ditto.py"),
     _alg("ifca.py", *_IFCA),
     _alg("hypcluster.py", "tests/test_hypcluster.py"),
-    _alg("knn_per.py", "tests/test_knn_per.py"),
+    _alg("knn_per.py", _ALG_EDGES, "tests/test_knn_per.py"),
     _alg("cfl.py", "tests/test_cfl.py"),
-    _alg("myopic_clustering.py", "tests/test_myopic_clustering.py"),
-    _alg("momentum_clustering.py", "tests/test_momentum_clustering.py"),
+    _alg("myopic_clustering.py", _ALG_EDGES,
+         "tests/test_myopic_clustering.py"),
+    _alg("momentum_clustering.py", _ALG_EDGES,
+         "tests/test_momentum_clustering.py"),
     _alg("fc_groups.py", "tests/test_fc_groups.py"),
     _alg("fc_defence.py", "tests/test_fc_defence.py"),
     Edit((_ALG + "momentum_clustering.py",), "momentum_clustering",
          "alpha * g + (1.0 - alpha) * m", "alpha * g + alpha * m",
          "Momentum-Clustering's momentum update a g + a m",
-         (("tests/test_momentum_clustering.py",),)),
+         ((_ALG_EDGES,), ("tests/test_momentum_clustering.py",))),
     Edit((_ALG + "ditto.py",), "ditto",
          "local_updates(loss_fn, global_optimizer,",
          "local_updates(loss_fn, optimizer,",
          "Ditto's global part stepping with the personal optimizer",
-         (("tests/test_ditto.py",),)),
+         ((_ALG_EDGES,), ("tests/test_ditto.py",))),
     Edit((_ALG + "ifca.py",), "ifca",
          "opt_state = cluster_models.keep_where_empty(nonempty, opt_state,\n"
          "                                                  state.opt_state)",
          "opt_state = opt_state",
          "IFCA dropping an empty cluster's optimizer state",
-         (("tests/test_ifca.py",),)),
+         ((_ALG_EDGES,), ("tests/test_ifca.py",))),
     Edit((_ALG + "cluster_models.py",), "loss_assignment",
          "losses = jnp.where(jnp.isfinite(losses), losses, jnp.inf)",
          "losses = losses", "IFCA/HypCluster letting a NaN loss win the argmin",
@@ -136,17 +142,17 @@ ALGORITHMS = [
          "vg, vk = parts(test[0])\n  val_acc, val_nll = jax.vmap(lambda lam: "
          "scores(vg, vk, test[1], lam))(grid)",
          "kNN-Per choosing its lambda on the test set",
-         (("tests/test_knn_per.py",),)),
+         ((_ALG_EDGES,), ("tests/test_knn_per.py",))),
     Edit((_ALG + "knn_per.py",), "knn_per_evaluate",
          "best = jnp.lexsort((val_nll, -val_acc))[0]",
          "best = grid.shape[0] - 1 - jnp.lexsort((val_nll[::-1], "
          "-val_acc[::-1]))[0]",
          "kNN-Per breaking lambda ties towards the last grid value",
-         (("tests/test_knn_per.py",),)),
+         ((_ALG_EDGES,), ("tests/test_knn_per.py",))),
     Edit((_ALG + "myopic_clustering.py",), "myopic_clustering",
          "separation = float(radius) if scalar else 0.0", "separation = 0.0",
          "Myopic-Clustering's default separation set to 0",
-         (("tests/test_myopic_clustering.py",),)),
+         ((_ALG_EDGES,), ("tests/test_myopic_clustering.py",))),
 ]
 
 PRESETS = {"aggregators": AGGREGATORS, "attacks": ATTACKS,
