@@ -10,6 +10,7 @@ import json
 import jax
 from jax import flatten_util
 import numpy as np
+import optax
 import pytest
 
 import prfl_jax as prfl
@@ -137,3 +138,42 @@ def test_bench_quantile_paths_agree(tmp_path):
   assert [r["case"] for r in rows] == ["kernel", "sweep"]
   assert rows[0]["same_ball"] and rows[0]["max_abs_diff"] == 0.0
   assert all(r["rank_s"] > 0 and r["sort_s"] > 0 for r in rows)
+
+
+def test_benchmark_algorithms_come_from_the_registry():
+  """`common.algorithm` builds through `experiments.registry` with the
+  benchmark's settings over the registry's defaults: FC with a fixed radius
+  and plain SGD gives, bit for bit, the round of the library's
+  `federated_clustering` with the same arguments; a setting the algorithm
+  does not read is refused by name.
+
+  Seen to fail when the registry's FC ignores `Context.radius` (its
+  quantile ball then holds the owner alone, not every client), and when
+  `momentum=0.0` is dropped (the registry's default heavy-ball 0.9 then
+  changes the second step).
+  """
+  rng = np.random.default_rng(0)
+  batch = {"a": rng.normal(size=(4, 5, 3)).astype(np.float32),
+           "y": rng.normal(size=(4, 5)).astype(np.float32)}
+  plan = "full:direct"
+  got = common.algorithm("fc", prfl.data.regression_loss, lr=0.1,
+                         momentum=0.0, radius=1e6, num_iters=2,
+                         **common.plan_settings(plan))
+  want = prfl.algorithms.federated_clustering(
+      prfl.data.regression_loss, optax.sgd(0.1), radius=1e6, num_iters=2,
+      plan=common.parse_plan(plan))
+
+  def two_rounds(alg, params, batch, key):
+    state = alg.init(params)
+    for r in range(2):  # Momentum shows from the second step on.
+      state, _ = alg.step(state, batch, jax.random.fold_in(key, r))
+    return state.params
+
+  # One program for both: one compile, the test's cost.
+  outs = jax.jit(lambda p, b, k: [two_rounds(a, p, b, k) for a in (
+      got, want)])(jax.numpy.ones((4, 3)), batch, jax.random.PRNGKey(1))
+  np.testing.assert_array_equal(outs[0], outs[1])
+  with pytest.raises(ValueError, match="local does not read.*groups"):
+    common.algorithm("local", prfl.data.regression_loss, groups=2)
+  with pytest.raises(ValueError, match="unknown algorithm 'fedprox'"):
+    common.algorithm("fedprox", prfl.data.regression_loss)
