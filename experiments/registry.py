@@ -40,6 +40,9 @@ class Context(NamedTuple):
   attack: Any = None  # What Byzantine clients send (`prfl.attacks`).
   num_byzantine: int = 0  # Krum's f (the defender is told it).
   init_models: Any = None  # IFCA / HypCluster: explicit initial models.
+  # FC: a radius (value or rule) in place of `quantile_radius(quantile)`,
+  # for benchmarks that fix it or force the quantile's method.
+  radius: Any = None
 
 
 class Settings(dict):
@@ -227,8 +230,10 @@ FC_DEFENCES = {"none": {}, "dedup": {"pre": True},
 @register("fc", "FC (ours)", reads=_FC)
 def _fc(ctx, s):
   defence = FC_DEFENCES[s.get("fc_defence", "none")]
+  radius = (prfl.quantile_radius(s.quantile) if ctx.radius is None
+            else ctx.radius)
   return prfl.algorithms.federated_clustering(
-      ctx.loss_fn, optimizer(s), radius=prfl.quantile_radius(s.quantile),
+      ctx.loss_fn, optimizer(s), radius=radius,
       num_iters=s.num_iters, num_groups=s.groups or 1,
       local_steps=s.fc_local_steps, attack=ctx.attack, plan=plan(s),
       pre_aggregator=(prfl.aggregators.cap_duplicates() if defence.get("pre")
