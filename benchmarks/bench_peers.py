@@ -84,7 +84,9 @@ _CONV = conv_kernels.conv_params(4, window_strides=(1, 1), padding="VALID",
 def cnn_apply(conv: str):
   """pfl's simple_cnn on `peers_task` params; `x [B, 32, 32, 3]` -> logits."""
   def conv2d(x, p):
-    if conv == "patches":
+    if conv == "fast":
+      y = conv_cpu.conv_with_fast_grads(x, p["kernel"], _CONV)
+    elif conv == "patches":
       y = conv_cpu.conv_by_patches(x, p["kernel"], _CONV)
     else:
       y = lax.conv_general_dilated(x, p["kernel"], (1, 1), "VALID",
@@ -101,11 +103,12 @@ def cnn_apply(conv: str):
   return apply
 
 
-def cohort_fedavg(task: peers_task.Task, conv: str):
+def cohort_fedavg(task: peers_task.Task, conv: str, clients_at_once=None):
   """FedAvg with one local epoch, run on cohorts of `task.cohort` clients."""
   loss = prfl.models.classifier_loss(cnn_apply(conv))
   alg = prfl.algorithms.fedavg(loss, optax.sgd(task.local_lr),
-                               local_steps=task.local_steps)
+                               local_steps=task.local_steps,
+                               clients_at_once=clients_at_once)
   return prfl.participation.cohort(alg, cohort_size=task.cohort)
 
 
@@ -126,9 +129,9 @@ class PrflJax:
   """
 
   def __init__(self, task: peers_task.Task, data, key: jax.Array,
-               rounds: int, conv: str):
+               rounds: int, conv: str, clients_at_once):
     self.task, self.key, self.rounds = task, key, rounds
-    self.alg = cohort_fedavg(task, conv)
+    self.alg = cohort_fedavg(task, conv, clients_at_once)
     x, y = jax.device_put(data[0]), jax.device_put(data[1].astype(np.int32))
     self.data = prfl.data.FederatedData(
         train=(x, y), test=y,  # No per-client evaluation: test is unused.
@@ -177,7 +180,11 @@ def parse(argv):
   p.add_argument("--ray-cpus", type=int, default=2)
   p.add_argument("--torch-threads", type=int, default=1,
                  help="pfl's PyTorch threads (Flower's actors: 1 each)")
-  p.add_argument("--conv", choices=("patches", "xla"), default="patches")
+  p.add_argument("--conv", choices=("fast", "patches", "xla"), default="fast",
+                 help="prfl_jax's convolutions (see the module docstring)")
+  p.add_argument("--clients-at-once", default="1",
+                 help="prfl_jax's fedavg(clients_at_once=): an integer, or "
+                 "'all' (one vmap over the cohort)")
   p.add_argument("--out", default=os.path.join(common.RESULTS_DIR,
                                                "peers_cpu.json"))
   args = p.parse_args(argv)
@@ -189,6 +196,13 @@ def parse(argv):
   for name in ("segments", "rounds", "ray_cpus", "torch_threads"):
     if getattr(args, name) < 1:
       p.error(f"--{name.replace('_', '-')} must be >= 1")
+  if args.clients_at_once == "all":
+    args.clients_at_once = None
+  elif not args.clients_at_once.isdigit() or int(args.clients_at_once) < 1:
+    p.error(f"--clients-at-once must be an integer >= 1 or 'all', got "
+            f"{args.clients_at_once!r}")
+  else:
+    args.clients_at_once = int(args.clients_at_once)
   task = peers_task.Task(args.clients, args.examples, args.cohort, args.batch,
                          noise=args.noise, test_size=args.test_size,
                          seed=args.seed)
@@ -223,7 +237,8 @@ def run_segments(args, systems, task, data, data_dir: str):
   test = (jnp.asarray(test[0]), jnp.asarray(test[1].astype(np.int32)))
   runners = {}
   if "prfl_jax" in systems:
-    jx = PrflJax(task, data, key, args.rounds, args.conv)
+    jx = PrflJax(task, data, key, args.rounds, args.conv,
+                 args.clients_at_once)
     runners["prfl_jax"] = jx.run
   if {"pfl", "flower"} & set(systems):
     from benchmarks import peers_torch  # pylint: disable=g-import-not-at-top
@@ -286,6 +301,7 @@ def finish(args, task, systems, rows, notes) -> int:
   payload = {"task": task._asdict(), "rounds": args.segments * args.rounds,
              "segments": args.segments, "rounds_per_segment": args.rounds,
              "ray_cpus": args.ray_cpus, "conv": args.conv,
+             "clients_at_once": args.clients_at_once,
              "command": "python -m benchmarks.bench_peers " + " ".join(
                  sys.argv[1:]), "notes": notes, "versions": versions,
              "machine": common.machine_info(), "rows": table}
