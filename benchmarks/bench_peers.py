@@ -20,12 +20,18 @@ final models are from prfl_jax's.
 
 Per round, each system does:
 * prfl_jax: `prfl.train` of `prfl.participation.cohort(fedavg(...,
-  local_steps=5), cohort_size=50)`, the clients' data on the device: the
-  round's cohort is drawn from its key, its 50 clients' rows gathered, one
-  epoch of SGD `vmap`ped over them, the mean change added to the one global
-  model. The CNN's convolutions run as patches times kernel
-  (`prfl_jax.kernels.conv_cpu.conv_by_patches`): XLA:CPU's own convolution
-  gradient is several times slower for these shapes (`--conv xla`).
+  local_steps=5, clients_at_once=1), cohort_size=50)`, the clients' data on
+  the device: the round's cohort is drawn from its key, its 50 clients' rows
+  gathered, one epoch of SGD per client, the clients one after another
+  (`lax.map`) inside the one compiled round, the mean change added to the one
+  global model. `--clients-at-once all` `vmap`s the cohort instead: the
+  per-client kernels then become grouped convolutions and 50 clients'
+  activations, which XLA:CPU runs slower. Convolutions (`--conv`): `fast`
+  (default) is `conv_cpu.conv_with_fast_grads`, XLA's convolution forward
+  and input gradient and a patches GEMM for the kernel gradient; `patches`
+  is `conv_cpu.conv_by_patches` throughout; `xla` is plain
+  `lax.conv_general_dilated`, whose autodiff XLA:CPU runs several times
+  slower.
 * pfl: `FederatedAveraging` on `SimulatedBackend`: one process, the cohort's
   users one after another in PyTorch (`--torch-threads`, default 1: on this
   loaded 2-core machine torch's default 2 threads were 5-10x slower).

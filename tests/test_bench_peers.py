@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from benchmarks import bench_peers
+from benchmarks import peers_step
 from benchmarks import peers_task
 
 TINY = peers_task.Task(num_clients=5, examples=4, cohort=2, batch=2,
@@ -135,3 +136,10 @@ def test_flower_trains_the_same_model(tmp_path):
   pytest.importorskip("ray")
   row = _one_round_pfl_vs_prfl(tmp_path, "flower")
   assert row["max_param_diff"] < 1e-5
+
+
+@pytest.mark.parametrize("argv", [["--batch", "0"], ["--repeats", "0"]])
+def test_peers_step_bad_arguments_exit_before_any_work(argv):
+  with pytest.raises(SystemExit) as e:
+    peers_step.main(argv)
+  assert e.value.code == 2
