@@ -35,7 +35,6 @@ import argparse
 import dataclasses
 import os
 import sys
-import time
 
 import jax
 import numpy as np
@@ -51,11 +50,8 @@ from experiments import files as experiments_files
 def run_prfl(loss_fn, params, batch, plan, radius, num_iters, repeats,
              budget_s) -> dict:
   """Compiles and times one jitted round of `cluster_at_models` with `plan`."""
-  fn = jax.jit(lambda p, b: kernels.cluster_at_models(
-      loss_fn, p, b, radius=radius, num_iters=num_iters, plan=plan).centers)
-  t0 = time.perf_counter()
-  compiled = fn.lower(params, batch).compile()
-  compile_s = time.perf_counter() - t0
+  compiled, compile_s = common.compile_round(loss_fn, params, batch, plan,
+                                             radius, num_iters)
   mem = compiled.memory_analysis()
   res, out = common.time_round(
       lambda: jax.block_until_ready(compiled(params, batch)), repeats,
@@ -126,29 +122,6 @@ COLUMNS = [
 CONFIGS = ("torch-loop", "prfl gram", "prfl auto")
 
 
-def _int_list(text: str, minimum: int) -> tuple:
-  try:
-    values = tuple(int(v) for v in text.split(","))
-  except ValueError:
-    raise argparse.ArgumentTypeError(
-        f"must be comma-separated integers, got {text!r}") from None
-  if not values or min(values) < minimum:
-    raise argparse.ArgumentTypeError(
-        f"every value must be >= {minimum}, got {text!r}")
-  return values
-
-
-def _choices(allowed):
-  def parse(text):
-    values = tuple(v.strip() for v in text.split(","))
-    bad = [v for v in values if v not in allowed]
-    if bad or len(set(values)) != len(values):
-      raise argparse.ArgumentTypeError(
-          f"must be distinct names from {allowed}, got {text!r}")
-    return values
-  return parse
-
-
 def _radius(text):
   try:
     return text, common.parse_radius(text)
@@ -164,22 +137,18 @@ SMOKE = dict(clients=(2,), batch_size=2, width_divisor=16, repeats=1,
 @common.float32_matmuls
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--models", type=_choices(tuple(zoo.SPECS)), default=("cnn",
-                                                                    "vgg8"))
-  p.add_argument("--clients", type=lambda t: _int_list(t, 2), default=(8, 16),
-                 help="comma-separated numbers of clients N (>= 2)")
-  p.add_argument("--batch-size", type=common.positive_int, default=16)
-  p.add_argument("--configs", type=_choices(CONFIGS), default=CONFIGS)
+  common.add_model_args(
+      p, models=zoo.SPECS, default_models=("cnn", "vgg8"), clients=(8, 16),
+      batch_size=16, repeats=3, out="models_cpu.json",
+      smoke="tiny sizes (N = 2, batch 2, widths / 16) in seconds")
+  p.add_argument("--configs", type=common.name_list(CONFIGS), default=CONFIGS)
   p.add_argument("--radius", type=_radius, default="quantile:0.2",
                  help="a float, or quantile:Q for prfl.quantile_radius(Q)")
-  p.add_argument("--num-iters", type=common.positive_int, default=10)
-  p.add_argument("--repeats", type=common.positive_int, default=3,
-                 help="timed calls of a prfl round (median reported)")
   p.add_argument("--loop-repeats", type=common.positive_int, default=1,
                  help="timed calls of the PyTorch loop")
   p.add_argument("--budget-s", type=float, default=30.0,
                  help="fewer timed calls when they would take longer")
-  p.add_argument("--torch-threads", type=lambda t: _int_list(t, 0),
+  p.add_argument("--torch-threads", type=common.int_list(0),
                  default=(0, 1),
                  help="torch.set_num_threads per run of the loop (0: torch's "
                  "default); 'x torch' is against the fastest")
@@ -192,13 +161,7 @@ def main(argv=None) -> int:
                  "configuration run")
   p.add_argument("--torch-device", default="cpu",
                  help="device of the PyTorch loop (cpu, cuda)")
-  p.add_argument("--width-divisor", type=common.positive_int, default=1,
-                 help="divide every channel and hidden width (smaller nets)")
   p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--smoke", action="store_true",
-                 help="tiny sizes (N = 2, batch 2, widths / 16) in seconds")
-  p.add_argument("--out", default=os.path.join(common.RESULTS_DIR,
-                                               "models_cpu.json"))
   args = p.parse_args(argv)
   if args.smoke:
     explicit = {a.split("=")[0].lstrip("-").replace("-", "_")

@@ -85,14 +85,6 @@ MODELS = {
 }
 
 
-def _compile(loss_fn, params, batch, plan, radius, num_iters):
-  fn = jax.jit(lambda p, b: kernels.cluster_at_models(
-      loss_fn, p, b, radius=radius, num_iters=num_iters, plan=plan).centers)
-  t0 = time.perf_counter()
-  compiled = fn.lower(params, batch).compile()
-  return compiled, time.perf_counter() - t0
-
-
 def bench(name: str, n: int, batch_size: int, args) -> list:
   """Every plan of one model at N clients, timed in turns; result rows."""
   model = MODELS[name]
@@ -105,7 +97,7 @@ def bench(name: str, n: int, batch_size: int, args) -> list:
   runs = {}
   for label, plan in plans.items():
     try:
-      compiled, compile_s = _compile(loss_fn, params, batch, plan, radius,
+      compiled, compile_s = common.compile_round(loss_fn, params, batch, plan, radius,
                                      args.num_iters)
       call = lambda c=compiled: jax.block_until_ready(c(params, batch))
       out = zoo.flat_centers(call())  # Warm-up.
@@ -150,28 +142,6 @@ COLUMNS = [
 ]
 
 
-def _names(allowed):
-  def parse(text):
-    values = tuple(v.strip() for v in text.split(",") if v.strip())
-    bad = [v for v in values if v not in allowed]
-    if bad or not values:
-      raise argparse.ArgumentTypeError(
-          f"must be names from {tuple(allowed)}, got {text!r}")
-    return values
-  return parse
-
-
-def _clients(text):
-  try:
-    values = tuple(int(v) for v in text.split(","))
-  except ValueError:
-    raise argparse.ArgumentTypeError(
-        f"must be comma-separated integers, got {text!r}") from None
-  if not values or min(values) < 2:
-    raise argparse.ArgumentTypeError(f"every N must be >= 2, got {text!r}")
-  return values
-
-
 def _plans(text):
   values = tuple(v.strip() for v in text.split(",") if v.strip())
   try:
@@ -187,23 +157,13 @@ def _plans(text):
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--models", type=_names(MODELS), default=tuple(MODELS))
-  p.add_argument("--clients", type=_clients, default=None,
-                 help="N for every model (default: each model's own)")
-  p.add_argument("--batch-size", type=common.positive_int, default=None,
-                 help="default: 32 for the MLPs, 16 for the CNNs")
+  common.add_model_args(
+      p, models=MODELS, default_models=tuple(MODELS), clients=None,
+      batch_size=None, repeats=5, out="plans_cpu.json",
+      smoke="tiny: N = 4, batch 4, widths / 16, 1 turn")
   p.add_argument("--plans", type=_plans, default=None,
                  help="comma-separated candidate plans CHUNK:KERNEL for "
                  "every model (default: each model's own)")
-  p.add_argument("--num-iters", type=common.positive_int, default=10)
-  p.add_argument("--repeats", type=common.positive_int, default=5,
-                 help="turns: timed calls of every plan")
-  p.add_argument("--width-divisor", type=common.positive_int, default=1,
-                 help="divide the CNNs' widths (smaller nets)")
-  p.add_argument("--smoke", action="store_true",
-                 help="tiny: N = 4, batch 4, widths / 16, 1 turn")
-  p.add_argument("--out", default=os.path.join(common.RESULTS_DIR,
-                                               "plans_cpu.json"))
   args = p.parse_args(argv)
   if args.smoke:
     args.clients, args.batch_size = args.clients or (4,), args.batch_size or 4

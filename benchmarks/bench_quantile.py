@@ -25,7 +25,6 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 import prfl_jax as prfl
 from prfl_jax import clustering
@@ -83,10 +82,10 @@ def sweep_row(rounds, repeats):
       num_samples=9)
   n = data.train["a"].shape[0]
   params = jnp.zeros((n, 10))
-  make = lambda hp, path: prfl.algorithms.federated_clustering(
-      prfl.data.regression_loss, optax.sgd(hp["lr"]),
-      radius=quantile_rule(hp["q"], path), num_iters=10,
-      plan=prfl.ExecutionPlan(None, "gram"))
+  make = lambda hp, path: common.algorithm(
+      "fc", prfl.data.regression_loss, lr=hp["lr"], momentum=0.0,
+      radius=quantile_rule(hp["q"], path), num_iters=10, chunk_size="all",
+      kernel="gram")
   hp, keys = sweep_lib.grid(jnp.arange(3),
                             lr=jnp.array([3e-4, 1e-3, 3e-3, 1e-2]),
                             q=jnp.array([0.2, 0.5]))

@@ -35,7 +35,6 @@ the timed calls (sampled every 2 ms; a lower bound when freed memory is reused).
 import argparse
 import gc
 import sys
-import time
 
 import jax
 from jax import flatten_util
@@ -45,6 +44,7 @@ import numpy as np
 import prfl_jax as prfl
 from prfl_jax import kernels
 from benchmarks import common
+from benchmarks import gemm_rate
 from benchmarks import torch_loop
 from benchmarks import zoo
 
@@ -64,12 +64,8 @@ def run_plan(plan, params, batch, radius, num_iters, repeats, budget_s,
   """Compiles and times one jitted round with `plan` and the `loss` variant."""
   loss_fn, convert, back = zoo.LOSSES[loss]
   params = convert(params)
-  fn = jax.jit(lambda p, b: back(kernels.cluster_at_models(
-      loss_fn, p, b, radius=radius, num_iters=num_iters,
-      plan=plan).centers))
-  t0 = time.perf_counter()
-  compiled = fn.lower(params, batch).compile()
-  compile_s = time.perf_counter() - t0
+  compiled, compile_s = common.compile_round(loss_fn, params, batch, plan,
+                                             radius, num_iters)
   mem = compiled.memory_analysis()
   xla_mb = None
   if mem is not None:
@@ -77,7 +73,8 @@ def run_plan(plan, params, batch, radius, num_iters, repeats, budget_s,
   res, out = common.time_round(
       lambda: jax.block_until_ready(compiled(params, batch)), repeats,
       budget_s)
-  return dict(res, compile_s=compile_s, xla_mb=xla_mb), flat_centers(out)
+  return dict(res, compile_s=compile_s, xla_mb=xla_mb), flat_centers(
+      back(out))
 
 
 def run_jax_loop(params, batch, radius, num_iters, repeats, budget_s):
@@ -111,6 +108,8 @@ def bench_n(n, args, plans, gemm):
   def add(name, kind, res, out, extra=None):
     if res is None:
       return
+    if args.stat == "min":
+      res = dict(res, time_s=min(res["times"]))
     row = dict(n=n, config=name, kind=kind, **res, **(extra or {}))
     row["gflops"] = flops / res["time_s"] / 1e9
     row["pct_gemm"] = 100 * row["gflops"] / gemm["machine"]
@@ -197,7 +196,11 @@ def main(argv=None):
                  help="a float, or quantile:Q for prfl.quantile_radius(Q)")
   p.add_argument("--num-iters", type=int, default=10)
   p.add_argument("--repeats", type=int, default=5,
-                 help="timed calls per plan (median reported)")
+                 help="timed calls per plan (see --stat)")
+  p.add_argument("--stat", choices=("median", "min"), default="median",
+                 help="a row's time: the median or the least wall time of "
+                 "its timed calls (min: the call least slowed by other "
+                 "processes, on a shared machine)")
   p.add_argument("--loop-repeats", type=int, default=3,
                  help="timed calls of the per-pair loops")
   p.add_argument("--budget-s", type=float, default=20.0,
@@ -225,7 +228,7 @@ def main(argv=None):
     p.error(f"--losses: unknown {bad}; choose from {sorted(zoo.LOSSES)}")
 
   info = common.machine_info()
-  gemm = common.machine_gemm_gflops(args.gemm_size, args.torch_device)
+  gemm = gemm_rate.machine_gemm_gflops(args.gemm_size, args.torch_device)
   print(f"load average {info['loadavg']}, {info['cpu_count']} CPUs, "
         f"jax {info['jax']}, torch {info['torch']}")
   print(f"fp32 GEMM {args.gemm_size}^3 (best of 10): jnp {gemm['jax']:.1f} "
@@ -237,7 +240,7 @@ def main(argv=None):
   for n in [int(c) for c in args.clients.split(",")]:
     rows.extend(bench_n(n, args, plans, gemm))
   info["loadavg_end"] = __import__("os").getloadavg()
-  gemm_end = common.machine_gemm_gflops(args.gemm_size, args.torch_device)
+  gemm_end = gemm_rate.machine_gemm_gflops(args.gemm_size, args.torch_device)
   print(f"fp32 GEMM after the rows: jnp {gemm_end['jax']:.1f}, torch "
         f"{gemm_end['torch'] or float('nan'):.1f} GFLOP/s")
   gemm["machine_end"] = gemm_end["machine"]

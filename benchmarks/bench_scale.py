@@ -22,19 +22,14 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import jax
-import numpy as np
-import optax
 
-import prfl_jax as prfl
 from benchmarks import common
 
 _CHILD = """
 import json, resource, sys, time
-import jax, optax
-import prfl_jax as prfl
+import jax
 from benchmarks import common
 n, g, b, spec, rounds = {n}, {g}, {b}, {spec!r}, {rounds}
 rss_mb = lambda: common.RssSampler.rss() / 2**20
@@ -42,9 +37,9 @@ params, batch = common.mnist_like_federation(n, b)
 jax.block_until_ready((params, batch))
 out = dict(spec=spec, inputs_rss_mb=rss_mb())
 if spec != "baseline":
-  alg = prfl.algorithms.federated_clustering(
-      common.mlp_loss, optax.sgd(0.1), radius=prfl.quantile_radius(0.2),
-      num_iters=10, num_groups=g, plan=common.parse_plan(spec))
+  alg = common.algorithm(
+      "fc", common.mlp_loss, lr=0.1, momentum=0.0, quantile=0.2,
+      num_iters=10, groups=g, **common.plan_settings(spec))
   state = alg.init(params)
   del params  # The state holds these arrays; the first round consumes them.
   key = jax.random.PRNGKey(0)
@@ -104,9 +99,9 @@ def linear_rows(args):
     t_single, _ = common.median_time(
         lambda: jax.block_until_ready(single(one_p, one_b)), repeats=20,
         warmup=3)
-    for name, alg in [
-        ("local", prfl.algorithms.local(common.mlp_loss, optax.sgd(0.1))),
-        ("fedavg", prfl.algorithms.fedavg(common.mlp_loss, optax.sgd(0.1)))]:
+    for name, registered in (("local", "local"), ("fedavg", "global")):
+      alg = common.algorithm(registered, common.mlp_loss, lr=0.1,
+                             momentum=0.0)
       step = jax.jit(alg.step)
       state = alg.init(params)
       key = jax.random.PRNGKey(0)

@@ -18,9 +18,7 @@ import time
 
 import jax
 import numpy as np
-import optax
 
-import prfl_jax as prfl
 from prfl_jax import sharding
 from benchmarks import common
 
@@ -46,10 +44,10 @@ def main(argv=None):
                            + (argv if argv is not None else sys.argv[1:]),
                            env=env)
 
-  alg = prfl.algorithms.federated_clustering(
-      common.mlp_loss, optax.sgd(0.1), radius=prfl.quantile_radius(0.2),
-      num_iters=10, num_groups=args.num_groups,
-      plan=common.parse_plan(args.plan))
+  alg = common.algorithm(
+      "fc", common.mlp_loss, lr=0.1, momentum=0.0, quantile=0.2,
+      num_iters=10, groups=args.num_groups,
+      **common.plan_settings(args.plan))
   params, batch = common.mnist_like_federation(args.clients, args.batch_size)
   step = jax.jit(alg.step)
   key = jax.random.PRNGKey(1)

@@ -21,7 +21,6 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 import prfl_jax as prfl
 from prfl_jax import sweep as sweep_lib
@@ -49,13 +48,12 @@ def main(argv=None):
   n = data.train["a"].shape[0]
   params = jnp.zeros((n, 10))
 
-  plan = common.parse_plan(args.plan)
+  plan = common.plan_settings(args.plan)
 
   def make_algorithm(hp):
-    return prfl.algorithms.federated_clustering(
-        prfl.data.regression_loss, optax.sgd(hp["lr"]),
-        radius=prfl.quantile_radius(hp["q"]), num_iters=args.num_iters,
-        plan=plan)
+    return common.algorithm(
+        "fc", prfl.data.regression_loss, lr=hp["lr"], momentum=0.0,
+        quantile=hp["q"], num_iters=args.num_iters, **plan)
 
   evaluate = lambda state: jax.vmap(prfl.data.regression_eval)(
       state.params, data.test)
@@ -133,7 +131,7 @@ def main(argv=None):
       ("sweep_speedup_total", "total / sweep total", "{:.1f}")]))
   print(f"max |params sweep - params one-by-one| = {diff:.2e} (NaN-free "
         f"configurations: {int(np.sum(np.isfinite(err)))} of {g})")
-  print(f"best config: " + ", ".join(f"{k}={float(v[best]):g}"
+  print("best config: " + ", ".join(f"{k}={float(v[best]):g}"
                                      for k, v in hp.items())
         + f", mean final error {err[best]:.4f}")
   print(f"load average start {info['loadavg']} end {info['loadavg_end']}")

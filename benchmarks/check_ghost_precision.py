@@ -26,14 +26,13 @@ import sys
 
 import jax
 import numpy as np
-import optax
 
-import prfl_jax as prfl
 from prfl_jax import models
 from prfl_jax import tree as tree_lib
 from prfl_jax.kernels import base
 from prfl_jax.kernels import ghost
 from prfl_jax.kernels import trace
+from benchmarks import common
 
 N, B, SIZES, ROUNDS, NUM_ITERS = 9, 32, (6, 5, 3), 2, 4
 
@@ -117,9 +116,9 @@ def _over_models(fn, params, chunk):
 
 
 def fc_rounds(loss, params, batch, radius, chunk, kernel):
-  alg = prfl.algorithms.federated_clustering(
-      loss, optax.sgd(0.2), radius=radius, num_iters=NUM_ITERS,
-      plan=prfl.ExecutionPlan(chunk, kernel))
+  alg = common.algorithm(
+      "fc", loss, lr=0.2, momentum=0.0, radius=radius, num_iters=NUM_ITERS,
+      chunk_size="all" if chunk is None else chunk, kernel=kernel)
   state = alg.init(params)
   step = jax.jit(alg.step)
   fractions = []

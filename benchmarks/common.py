@@ -9,7 +9,7 @@ import resource
 import statistics
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable
 
 import jax
 from jax import lax
@@ -17,7 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import prfl_jax as prfl
+from prfl_jax import kernels
 from prfl_jax import models
+from experiments import groups
+from experiments import registry
 
 IN_DIM, HIDDEN, OUT_DIM = 784, 200, 10
 NUM_PARAMS = IN_DIM * HIDDEN + HIDDEN + HIDDEN * OUT_DIM + OUT_DIM  # 159,010
@@ -77,6 +80,104 @@ def positive_int(text: str) -> int:
   if value < 1:
     raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
   return value
+
+
+def int_list(minimum: int) -> Callable:
+  """An argparse type: comma-separated integers, each >= `minimum`."""
+  def parse(text):
+    try:
+      values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+      raise argparse.ArgumentTypeError(
+          f"must be comma-separated integers, got {text!r}") from None
+    if min(values) < minimum:
+      raise argparse.ArgumentTypeError(
+          f"every value must be >= {minimum}, got {text!r}")
+    return values
+  return parse
+
+
+def name_list(allowed) -> Callable:
+  """An argparse type: comma-separated distinct names from `allowed`."""
+  def parse(text):
+    values = tuple(v.strip() for v in text.split(",") if v.strip())
+    bad = [v for v in values if v not in allowed]
+    if bad or not values or len(set(values)) != len(values):
+      raise argparse.ArgumentTypeError(
+          f"must be distinct names from {tuple(allowed)}, got {text!r}")
+    return values
+  return parse
+
+
+def add_model_args(p: argparse.ArgumentParser, *, models, default_models,
+                   clients, batch_size, repeats: int, smoke: str, out: str):
+  """The options of the benchmarks that time one FC round per model of
+  `benchmarks.zoo` (`bench_models`, `bench_plans`): which models, N, batch,
+  clustering steps, timed calls, width divisor, smoke run, output file."""
+  p.add_argument("--models", type=name_list(models), default=default_models)
+  p.add_argument("--clients", type=int_list(2), default=clients,
+                 help="comma-separated numbers of clients N (>= 2)"
+                 + ("" if clients else "; default: each model's own"))
+  p.add_argument("--batch-size", type=positive_int, default=batch_size,
+                 help=None if batch_size else
+                 "default: 32 for the MLPs, 16 for the CNNs")
+  p.add_argument("--num-iters", type=positive_int, default=10,
+                 help="Threshold-Clustering steps")
+  p.add_argument("--repeats", type=positive_int, default=repeats,
+                 help="timed calls of every prfl round")
+  p.add_argument("--width-divisor", type=positive_int, default=1,
+                 help="divide every channel and hidden width (smaller nets)")
+  p.add_argument("--smoke", action="store_true", help=smoke)
+  p.add_argument("--out", default=os.path.join(RESULTS_DIR, out))
+
+
+def compile_round(loss_fn: Callable, params, batch, plan, radius,
+                  num_iters: int) -> tuple:
+  """One FC round's inner loop (`kernels.cluster_at_models`: N^2 gradients,
+  Threshold-Clustering per model) with `plan`, jitted and compiled ahead of
+  time; returns `(compiled, compile seconds)`, `compiled(params, batch)`
+  giving the centres."""
+  fn = jax.jit(lambda p, b: kernels.cluster_at_models(
+      loss_fn, p, b, radius=radius, num_iters=num_iters, plan=plan).centers)
+  t0 = time.perf_counter()
+  compiled = fn.lower(params, batch).compile()
+  return compiled, time.perf_counter() - t0
+
+
+def plan_settings(spec: str) -> dict:
+  """`"full:gram"` -> the registry's plan settings `chunk_size="all",
+  kernel="gram"` (`"4:ghost"` -> 4, "ghost"; `"auto:auto"` as is)."""
+  plan = parse_plan(spec)
+  chunk = "all" if plan.chunk_size is None else plan.chunk_size
+  return dict(chunk_size=chunk, kernel=plan.kernel)
+
+
+def algorithm(name: str, loss_fn: Callable, *, radius=None, **settings):
+  """Algorithm `name` built as every experiment builds it.
+
+  `experiments.registry`'s factory with its default settings and `settings`
+  over them (e.g. `lr=0.1, momentum=0.0, groups=15, **plan_settings(s)`);
+  `radius` (a value or rule) replaces FC's `quantile_radius(quantile)`. The
+  step is the bare one the benchmarks time: no true clusters (no
+  diagnostics), K = 1, key 0 for the factories that draw.
+
+  Raises:
+    ValueError: if `name` is not registered or `settings` names a setting
+      the algorithm does not read.
+  """
+  if name not in registry.names():
+    raise ValueError(f"unknown algorithm {name!r}; known: "
+                     f"{', '.join(registry.names())}.")
+  reads = registry.REGISTRY[name].reads
+  unknown = sorted(set(settings) - set(reads))
+  if unknown:
+    raise ValueError(f"{name} does not read {unknown}; it reads "
+                     f"{', '.join(reads)}.")
+  s = registry.settings(groups.Optim(), name)
+  s.update(settings)
+  ctx = registry.Context(loss_fn, clusters=None, num_clusters=1,
+                         key=jax.random.PRNGKey(0), radius=radius)
+  return registry.build(name, ctx, s)
 
 
 def agreement_status(rows: list, limit: float = 1e-3) -> int:
@@ -248,39 +349,6 @@ class RssSampler:
     return (self.peak - self.base) / 2**20
 
 
-def jax_gemm_gflops(size: int = 2048, repeats: int = 10) -> float:
-  """Measured fp32 GEMM throughput of `jnp.matmul` (jitted) in GFLOP/s.
-
-  The fastest of `repeats` calls: the machine's attainable rate, which a
-  concurrent process can only lower.
-  """
-  a = jax.random.normal(jax.random.PRNGKey(0), (size, size), jnp.float32)
-  mm = jax.jit(jnp.matmul)
-  _, times = median_time(lambda: mm(a, a).block_until_ready(), repeats)
-  return 2 * size**3 / min(times) / 1e9
-
-
-def torch_gemm_gflops(size: int = 2048, device: str = "cpu",
-                      repeats: int = 10) -> Optional[float]:
-  """Same for `torch.mm` on `device`, or None without torch."""
-  try:
-    import torch  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return None
-  a = torch.randn(size, size, device=device)
-  sync = torch.cuda.synchronize if device.startswith("cuda") else lambda: None
-  _, times = median_time(lambda: (torch.mm(a, a), sync()), repeats)
-  return 2 * size**3 / min(times) / 1e9
-
-
-def machine_gemm_gflops(size: int = 2048, device: str = "cpu") -> dict:
-  """fp32 GEMM rates of jnp and torch, and the machine's: the faster one."""
-  rates = {"jax": jax_gemm_gflops(size), "torch": torch_gemm_gflops(size,
-                                                                    device)}
-  rates["machine"] = max(r for r in rates.values() if r is not None)
-  return rates
-
-
 def machine_info() -> dict:
   """Load, CPU count and versions, stored with every result."""
   info = {
@@ -299,11 +367,6 @@ def machine_info() -> dict:
   except ImportError:
     info["torch"] = None
   return info
-
-
-def max_rss_mb() -> float:
-  """Peak RSS of this process so far (ru_maxrss), in MiB."""
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def save_json(name: str, payload: dict) -> str:

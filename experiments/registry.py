@@ -40,6 +40,9 @@ class Context(NamedTuple):
   attack: Any = None  # What Byzantine clients send (`prfl.attacks`).
   num_byzantine: int = 0  # Krum's f (the defender is told it).
   init_models: Any = None  # IFCA / HypCluster: explicit initial models.
+  # FC: a radius (value or rule) in place of `quantile_radius(quantile)`,
+  # for benchmarks that fix it or force the quantile's method.
+  radius: Any = None
 
 
 class Settings(dict):
@@ -227,19 +230,27 @@ FC_DEFENCES = {"none": {}, "dedup": {"pre": True},
 @register("fc", "FC (ours)", reads=_FC)
 def _fc(ctx, s):
   defence = FC_DEFENCES[s.get("fc_defence", "none")]
+  radius = (prfl.quantile_radius(s.quantile) if ctx.radius is None
+            else ctx.radius)
+  grouping = (prfl.algorithms.fc_groups.cluster_aware()
+              if s.get("fc_grouping") == "cluster_aware" else None)
   return prfl.algorithms.federated_clustering(
-      ctx.loss_fn, optimizer(s), radius=prfl.quantile_radius(s.quantile),
+      ctx.loss_fn, optimizer(s), radius=radius,
       num_iters=s.num_iters, num_groups=s.groups or 1,
       local_steps=s.fc_local_steps, attack=ctx.attack, plan=plan(s),
       pre_aggregator=(prfl.aggregators.cap_duplicates() if defence.get("pre")
                       else None), ball_cap=defence.get("ball_cap"),
-      true_clusters=ctx.clusters)
+      grouping=grouping, true_clusters=ctx.clusters)
 
 
 register("fc_dedup", "FC + cap_duplicates", reads=_FC,
          fc_defence="dedup")(_fc)
 register("fc_ball_cap", "FC + cap_duplicates + ball cap", reads=_FC,
          fc_defence="ball_cap")(_fc)
+# Beyond the paper: each round's groups formed from the models, with a
+# random share kept (`prfl_jax.algorithms.fc_groups.cluster_aware`).
+register("fc_aware", "FC, cluster-aware groups", reads=_FC,
+         fc_grouping="cluster_aware")(_fc)
 
 
 @register("oracle", "Ground truth (oracle)")

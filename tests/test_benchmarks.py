@@ -10,6 +10,7 @@ import json
 import jax
 from jax import flatten_util
 import numpy as np
+import optax
 import pytest
 
 import prfl_jax as prfl
@@ -39,8 +40,13 @@ def test_bench_round_configurations_agree(tmp_path):
     assert r["rel_diff"] < 1e-3
 
 
+@pytest.mark.slow
 def test_bench_round_user_and_flax_losses_agree(tmp_path):
-  """The user-written and Flax MLP losses give the library loss's centres."""
+  """The user-written and Flax MLP losses give the library loss's centres.
+
+  `slow` (27 CPU-seconds; not in CI): CI checks a user-written MLP under
+  every plan and a Flax linen MLP's Gram matrix in test_kernels_trace.py.
+  """
   out = tmp_path / "round.json"
   assert bench_round.main([
       "--clients", "3", "--batch-size", "2", "--repeats", "1",
@@ -68,7 +74,10 @@ def test_bench_round_torch_loop_matches(tmp_path):
   assert any(r["config"].startswith("torch-loop") for r in rows)
 
 
+@pytest.mark.slow
 def test_bench_scale_writes_memory_and_linear_rows(tmp_path):
+  """`slow` (26 CPU-seconds, a process per memory row; not in CI): the
+  benchmark's own output, no library property."""
   out = tmp_path / "scale.json"
   assert bench_scale.main([
       "--clients", "6", "--num-groups", "2", "--batch-size", "2",
@@ -129,3 +138,42 @@ def test_bench_quantile_paths_agree(tmp_path):
   assert [r["case"] for r in rows] == ["kernel", "sweep"]
   assert rows[0]["same_ball"] and rows[0]["max_abs_diff"] == 0.0
   assert all(r["rank_s"] > 0 and r["sort_s"] > 0 for r in rows)
+
+
+def test_benchmark_algorithms_come_from_the_registry():
+  """`common.algorithm` builds through `experiments.registry` with the
+  benchmark's settings over the registry's defaults: FC with a fixed radius
+  and plain SGD gives, bit for bit, the round of the library's
+  `federated_clustering` with the same arguments; a setting the algorithm
+  does not read is refused by name.
+
+  Seen to fail when the registry's FC ignores `Context.radius` (its
+  quantile ball then holds the owner alone, not every client), and when
+  `momentum=0.0` is dropped (the registry's default heavy-ball 0.9 then
+  changes the second step).
+  """
+  rng = np.random.default_rng(0)
+  batch = {"a": rng.normal(size=(4, 5, 3)).astype(np.float32),
+           "y": rng.normal(size=(4, 5)).astype(np.float32)}
+  plan = "full:direct"
+  got = common.algorithm("fc", prfl.data.regression_loss, lr=0.1,
+                         momentum=0.0, radius=1e6, num_iters=2,
+                         **common.plan_settings(plan))
+  want = prfl.algorithms.federated_clustering(
+      prfl.data.regression_loss, optax.sgd(0.1), radius=1e6, num_iters=2,
+      plan=common.parse_plan(plan))
+
+  def two_rounds(alg, params, batch, key):
+    state = alg.init(params)
+    for r in range(2):  # Momentum shows from the second step on.
+      state, _ = alg.step(state, batch, jax.random.fold_in(key, r))
+    return state.params
+
+  # One program for both: one compile, the test's cost.
+  outs = jax.jit(lambda p, b, k: [two_rounds(a, p, b, k) for a in (
+      got, want)])(jax.numpy.ones((4, 3)), batch, jax.random.PRNGKey(1))
+  np.testing.assert_array_equal(outs[0], outs[1])
+  with pytest.raises(ValueError, match="local does not read.*groups"):
+    common.algorithm("local", prfl.data.regression_loss, groups=2)
+  with pytest.raises(ValueError, match="unknown algorithm 'fedprox'"):
+    common.algorithm("fedprox", prfl.data.regression_loss)

@@ -1,23 +1,27 @@
-"""Smoke test of tools/mutation.py: the core preset still resolves and its
-mutants are valid Python (the script is run by hand, not in CI)."""
+"""Smoke test of tools/mutation/: every preset still resolves, its mutants are
+valid Python and each can be swapped in by an in-process worker (the tool is
+run by hand, not in CI)."""
 
 import ast
-import importlib.util
-import os
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import pytest
+
+from tools import mutation as tool
 
 
-def _load():
-  spec = importlib.util.spec_from_file_location(
-      "mutation_tool", os.path.join(REPO, "tools", "mutation.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+def _mutants(preset):
+  mutants = []
+  for target in tool.resolve_preset(preset):
+    if target.edit is not None:
+      e = target.edit
+      mutants.append(tool.edit_mutant(target.path, target.spec, e.old, e.new,
+                                      e.why, len(mutants)))
+    else:
+      mutants += tool.generate(target.path, target.spec, len(mutants))
+  return mutants
 
 
 def test_core_preset_resolves_and_mutants_compile(capsys):
-  tool = _load()
   assert tool.main(["--preset", "core", "--list"]) == 0
   listing = capsys.readouterr().out
   # Every core module is found (wherever the engine keeps it) with its tests.
@@ -31,14 +35,16 @@ def test_core_preset_resolves_and_mutants_compile(capsys):
   # it was skipped with a note only.
   assert "'gram - col[:, None] - col[None, :] + gram[index, index]' -> " in (
       listing)
-  mutants = []
-  for target in tool.resolve_preset():
-    where = target.partition("=")[0]
-    path, _, spec = where.partition(":")
-    mutants += tool.generate(path, spec, len(mutants))
-  assert len(mutants) > 50
-  for m in mutants[::7]:
+  assert len(_mutants("core")) > 50
+
+
+@pytest.mark.parametrize("preset", sorted(tool.PRESETS))
+def test_preset_mutants_compile_and_apply_in_process(preset):
+  mutants = _mutants(preset)
+  assert mutants
+  for m in mutants[::25] + [m for m in mutants if m.kind == "edit"]:
     source = tool.mutated_source(m)
     ast.parse(source)
-    assert source != tool.unparsed_source(m.path)
-    tool._top_level_function(m.path, m.line)  # In-process mode applies.
+    with open(m.path, encoding="utf-8") as f:
+      assert source not in (f.read(), tool.unparsed_source(m.path))
+    tool.inprocess_site(m.path, m.line)  # In-process mode applies.

@@ -1,0 +1,128 @@
+"""Edges and wiring of the algorithms that every test passed through when
+changed (issue 21's mutation audit), each against a small hand-computed case.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import prfl_jax as prfl
+from prfl_jax.algorithms.ditto import ditto
+from prfl_jax.algorithms.ifca import ifca
+from prfl_jax.algorithms.knn_per import knn_per_evaluate
+from prfl_jax.algorithms.myopic_clustering import myopic_clustering
+from tests.test_momentum_clustering import C
+from tests.test_momentum_clustering import PAPER
+from tests.test_momentum_clustering import shifted_quadratic
+from tests.toy import quadratic
+
+KEY = jax.random.key(0)
+
+
+def test_momentum_clustering_momentum_weights_alpha_and_one_minus_alpha():
+  """alpha = 0.25: m_2 = 0.25 g_2 + 0.75 m_1 with m_1 = 0.25 g_1 (the
+  existing hand-computed rounds use alpha = 0.5, where both weights are
+  equal). Seen to fail with `alpha * g + alpha * m`."""
+  alg = prfl.algorithms.momentum_clustering(
+      shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=3.0,
+      num_iters=1, alpha=0.25, **PAPER)
+  state, _ = alg.step(alg.init(jnp.zeros((4, 1))), C[:, None], KEY)
+  m1 = 0.25 * (0.0 - np.asarray(C))
+  np.testing.assert_allclose(state.momentum, m1, atol=1e-6)
+  x1 = np.asarray(state.params)
+  state, _ = alg.step(state, C[:, None], jax.random.key(1))
+  np.testing.assert_allclose(state.momentum,
+                             0.25 * (x1 - np.asarray(C)) + 0.75 * m1,
+                             atol=1e-6)
+
+
+def test_ditto_global_part_steps_with_the_global_optimizer():
+  """Personal SGD 0.2, global SGD 1.0, clients' targets 0, 2, 7 from w = 1:
+  one local step of the global optimizer lands on each target, so the new
+  global model is their mean, 3. Seen to fail when the global part steps
+  with the personal optimizer (w = 1 + 0.2 (3 - 1) = 1.4)."""
+  alg = ditto(quadratic, optax.sgd(0.2), lam=0.5,
+              global_optimizer=optax.sgd(1.0))
+  state, _ = alg.step(alg.init(jnp.ones(3)),
+                      jnp.array([[0.0], [2.0], [7.0]]), KEY)
+  np.testing.assert_allclose(state.global_params, 3.0, rtol=1e-6)
+
+
+def test_ifca_keeps_an_empty_clusters_optimizer_state():
+  """Option I with momentum: round 1 both clusters have members (targets
+  0, 1 pick model 0, targets 5, 9 model 4); round 2 every target is -10,
+  so cluster 1 is empty and its momentum must stay as round 1 left it.
+  Seen to fail when the new state is taken for empty clusters too (the
+  trace decays to 0.9 of itself)."""
+  alg = ifca(quadratic, optax.sgd(0.1, momentum=0.9), num_clusters=2,
+             option=1, init_models=jnp.array([0.0, 4.0]))
+  state, _ = alg.step(alg.init(jnp.zeros(4)),
+                      jnp.array([[0.0], [1.0], [5.0], [9.0]]), KEY)
+  assert set(np.asarray(state.assignment).tolist()) == {0, 1}
+  before = jax.tree.leaves(state.opt_state)
+  state, _ = alg.step(state, jnp.full((4, 1), -10.0), jax.random.key(1))
+  assert set(np.asarray(state.assignment).tolist()) == {0}
+  traces = [(a, b) for a, b in zip(before, jax.tree.leaves(state.opt_state))
+            if jnp.ndim(a) > 0]
+  assert traces
+  for a, b in traces:
+    assert float(a[1]) != 0.0
+    np.testing.assert_array_equal(b[1], a[1])
+
+
+def test_ifca_never_assigns_a_client_to_a_nan_loss():
+  """Model 0 at -1 makes the loss NaN (`sqrt` of a negative) for every
+  client; model 4 is finite, so every client joins cluster 1 (HypCluster
+  shares `loss_assignment`). Seen to fail when NaN losses are not mapped
+  to +inf (`argmin` returns the NaN: every client in cluster 0)."""
+  nan_below_zero = lambda x, c: quadratic(x, c) + 0.0 * jnp.sqrt(x)
+  alg = ifca(nan_below_zero, optax.sgd(0.1), num_clusters=2, option=1,
+             init_models=jnp.array([-1.0, 4.0]))
+  state, _ = alg.step(alg.init(jnp.zeros(2)), jnp.array([[0.0], [1.0]]), KEY)
+  np.testing.assert_array_equal(state.assignment, [1, 1])
+  assert np.all(np.isfinite(np.asarray(state.models[1])))
+
+
+def _knn(val, test, lambdas, k):
+  """A datastore {-1: class 0, +1: class 1}, a global model that always
+  says class 1 (logits 0, 5) or is uniform (params 0)."""
+  train = (jnp.array([[-1.0], [1.0]]), jnp.array([0, 1]))
+  logits_fn = lambda p, x: jnp.zeros((x.shape[0], 2)).at[:, 1].set(p)
+  return knn_per_evaluate(logits_fn, lambda p, x: x, jnp.asarray(val[2]),
+                          train, val[:2], test, k=k, num_classes=2,
+                          lambdas=lambdas)
+
+
+def test_knn_per_chooses_lambda_on_validation_not_test():
+  """Validation: x = -1 of class 0 (the kNN part is right, the global model
+  wrong): lambda 1. Test: x = -1 of class 1, where lambda 0 would be best;
+  the chosen lambda still scores 0 there. Seen to fail when lambda is
+  chosen on the test set (leakage: lambda 0, test accuracy 1)."""
+  x = jnp.array([[-1.0]])
+  out = _knn((x, jnp.array([0]), 5.0), (x, jnp.array([1])), (0.0, 1.0), 1)
+  assert float(out["lambda"]) == 1.0 and float(out["accuracy"]) == 0.0
+
+
+def test_knn_per_breaks_lambda_ties_to_the_first_grid_value():
+  """x = 0 is equally far from both stored points (k = 2) and the global
+  model is uniform: every lambda gives the same (0.5, 0.5), a tie, and the
+  first grid value is chosen. Seen to fail with ties to the last (1.0)."""
+  x = jnp.array([[0.0]])
+  out = _knn((x, jnp.array([0]), 0.0), (x, jnp.array([0])), (0.0, 0.5, 1.0),
+             2)
+  assert float(out["lambda"]) == 0.0
+
+
+def test_myopic_default_separation_is_the_radius():
+  """Gradients -0.1, -0.12, -0.3, radius 0.05, K = 3: with the default
+  separation (the radius) -0.12 is too close to -0.1 to open a third
+  centre, whatever the first centre drawn: two clusters. Seen to fail with
+  a default separation of 0 (three clusters)."""
+  batch = jnp.array([[0.1], [0.12], [0.3]])
+  alg = myopic_clustering(quadratic, optax.sgd(1.0), num_clusters=3,
+                          radius=0.05)
+  for seed in range(3):
+    _, metrics = alg.step(alg.init(jnp.zeros(3)), batch,
+                          jax.random.key(seed))
+    assert metrics["num_clusters"] == 2

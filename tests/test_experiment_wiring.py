@@ -1,0 +1,25 @@
+"""How experiments/registry wires each algorithm to the experiment's context
+(issue 21: the experiments' oracle given one cluster is FedAvg, and no test
+looked)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments import registry
+from tests.test_momentum_clustering import C
+from tests.test_momentum_clustering import shifted_quadratic
+
+
+def test_registry_oracle_averages_within_the_contexts_clusters():
+  """Clusters {0, 1} and {2, 3}, targets 0, 0, 10, 10, SGD 0.5 from 0: each
+  cluster's mean gradient moves its clients to 0 and 5 (0.5 of the way).
+  Seen to fail when the registry gives the oracle one cluster (FedAvg:
+  every client at 2.5)."""
+  ctx = registry.Context(shifted_quadratic, clusters=np.array([0, 0, 1, 1]),
+                         num_clusters=2, key=jax.random.key(0))
+  alg = registry.build("oracle", ctx, registry.Settings(lr=0.5, momentum=0.0))
+  state, _ = alg.step(alg.init(jnp.zeros((4, 1))), C[:, None],
+                      jax.random.key(0))
+  np.testing.assert_allclose(state.params[:, 0], [0.0, 0.0, 5.0, 5.0],
+                             atol=1e-6)

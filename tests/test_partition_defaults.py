@@ -1,0 +1,42 @@
+"""`federate`'s defaults and edges, each once left unguarded by every test
+(issue 21's mutation audit): the test labels' permutation, the Byzantine
+count per cluster and the default train/test split."""
+
+import numpy as np
+
+import prfl_jax as prfl
+from tests.test_data_partition import ids
+from tests.test_data_partition import make_ds
+
+
+def test_private_label_permutes_the_test_labels_too():
+  """Seen to fail when `federate` permutes only the train labels (cluster
+  k's test labels kept unshifted: its accuracy is measured on a task it
+  never trained on)."""
+  ds = make_ds()
+  fed = prfl.data.federate(ds, task="private_label", num_clusters=3,
+                           clients_per_cluster=2, train_per_client=6,
+                           test_per_client=3, seed=2)
+  te = ids(fed, lambda i: 0, split="test").astype(int)
+  for i in range(6):
+    np.testing.assert_array_equal(fed.data.test[1][i],
+                                  (ds.labels[te[i]] + i // 2) % 10)
+
+
+def test_byzantine_count_per_cluster_is_floored():
+  """40% of 4 clients is 1.6: one Byzantine client per cluster, never more
+  than the fraction asked for. Seen to fail when the count is rounded (2)."""
+  fed = prfl.data.federate(make_ds(), task="rotation", num_clusters=2,
+                           clients_per_cluster=4, byzantine_fraction=0.4)
+  np.testing.assert_array_equal(fed.byzantine, [0, 0, 0, 1, 0, 0, 0, 1])
+  assert "1 Byzantine per cluster" in fed.description
+
+
+def test_default_split_is_80_20_per_client():
+  """200 examples over 8 clients (25 each, iid) split 20 / 5 when no sizes
+  are given. Seen to fail with the default test fraction 0.25 (19 / 6)."""
+  fed = prfl.data.federate(make_ds(), task="none", num_clusters=2,
+                           clients_per_cluster=4)
+  (_, y), (_, yt) = fed.data.train, fed.data.test
+  np.testing.assert_array_equal((y >= 0).sum(1), [20] * 8)
+  np.testing.assert_array_equal((yt >= 0).sum(1), [5] * 8)

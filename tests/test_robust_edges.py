@@ -1,0 +1,44 @@
+"""Edges of the robust rules and attacks that every test passed through when
+changed (issue 21's mutation audit): the number of Weiszfeld iterations,
+Krum's one-neighbour floor, ALIE's default z for an odd N."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from scipy import stats
+
+import prfl_jax as prfl
+from prfl_jax import aggregators
+from tests.test_aggregators import np_geometric_median
+
+
+def test_geometric_median_runs_exactly_num_iters_weiszfeld_steps():
+  """One and two iterations from the weighted mean, against NumPy (with 20
+  the iteration has converged, so a step fewer goes unseen). Seen to fail
+  when `fori_loop` starts at 1 (one iteration fewer)."""
+  x = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [10.0, 10.0]])
+  w = np.array([1.0, 2.0, 1.0, 1.0])
+  for iters in (1, 2):
+    got = aggregators.geometric_median(iters)(jnp.asarray(x), jnp.asarray(w))
+    np.testing.assert_allclose(got, np_geometric_median(x, w, iters, 1e-8),
+                               rtol=1e-5)
+
+
+def test_krum_scores_at_least_one_neighbour_with_absent_rows():
+  """N = 5, f = 1, two rows absent (weight 0): n - f - 2 = 0 present
+  neighbours, so each score is the distance to the nearest present row and
+  the outlier at 10 is not chosen. Seen to fail without the floor (every
+  score 0, the lowest index wins: the outlier)."""
+  x = jnp.array([[5.0], [5.0], [10.0], [0.0], [0.1]])
+  w = jnp.array([0.0, 0.0, 1.0, 1.0, 1.0])
+  np.testing.assert_allclose(aggregators.krum(1)(x, w), [0.0])
+
+
+def test_alie_default_z_floors_half_n_plus_one_for_odd_n():
+  """N = 5, f = 1: s = floor(5/2 + 1) - 1 = 2, z = Phi^{-1}(3/5) = 0.2533
+  (Baruch et al.). Seen to fail with `ceil` (s = 3, z = -0.2533)."""
+  messages = jnp.array([[1.0], [2.0], [4.0], [5.0], [0.0]])
+  byzantine = jnp.array([False, False, False, False, True])
+  out = prfl.attacks.alie()(messages, byzantine, jax.random.key(0))
+  z = stats.norm.ppf(0.6)  # 0.2533
+  np.testing.assert_allclose(out[4], [3.0 - z * np.sqrt(2.5)], rtol=1e-5)

@@ -1,0 +1,241 @@
+"""The command line: targets and presets in, mutants run, a summary and JSON
+out (`python -m tools.mutation --help`)."""
+
+import argparse
+import concurrent.futures
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+from typing import Dict, List, Tuple
+
+import tools.mutation as package
+from tools.mutation.operators import Mutant
+from tools.mutation.operators import REPO
+from tools.mutation.operators import edit_mutant
+from tools.mutation.operators import generate
+from tools.mutation.operators import mutated_source
+from tools.mutation.operators import unparsed_source
+from tools.mutation.presets import PRESETS
+from tools.mutation.presets import parse_target
+from tools.mutation.presets import resolve_preset
+from tools.mutation.presets import test_exists
+from tools.mutation.workers import WorkerProcess
+from tools.mutation.workers import inprocess_site
+from tools.mutation.workers import make_scratch
+from tools.mutation.workers import run_tests_in_subprocess
+from tools.mutation.workers import worker
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(
+      description=package.__doc__.split("\n")[0],
+      epilog="presets: " + ", ".join(PRESETS))
+  p.add_argument("--target", action="append", default=[],
+                 help="PATH[:FUNC[,FUNC...] | :FIRST-LAST][=TEST[,TEST...]]")
+  p.add_argument("--tests", nargs="+", default=[],
+                 help="pytest files / node ids for targets without =TESTS")
+  p.add_argument("--preset", action="append", default=[],
+                 choices=list(PRESETS),
+                 help="a named set of targets with their tests (added to "
+                 "--target; repeatable); tools/README.md lists them")
+  p.add_argument("--workers", type=int, default=2)
+  p.add_argument("--isolation", choices=["inprocess", "process"],
+                 default="inprocess",
+                 help="inprocess: long-lived workers swap the mutated "
+                 "function's code (JAX and the tests are imported once); "
+                 "process: a fresh pytest process per mutant in a scratch "
+                 "copy of the repository (slower, for anything else)")
+  p.add_argument("--skip-clean", action="store_true",
+                 help="do not run the tests once without mutants first")
+  p.add_argument("--timeout", type=float, default=None,
+                 help="seconds per mutant (default: 3x the clean run of its "
+                 "tests, >= 120; 1800 with --skip-clean)")
+  p.add_argument("--only", default=None,
+                 help="comma-separated mutant numbers to run")
+  p.add_argument("--every", type=int, default=1,
+                 help="a deterministic sample: only the mutants whose number "
+                 "is a multiple of EVERY, and every edit (default 1: all)")
+  p.add_argument("--list", action="store_true",
+                 help="print the mutants and exit")
+  p.add_argument("--out", default=None, help="JSON results file")
+  p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+  args = p.parse_args(argv)
+  if args.worker:
+    return worker()
+
+  targets = [parse_target(t, args.tests) for t in args.target]
+  for name in args.preset:
+    targets += resolve_preset(name)
+  if not targets:
+    p.error("give --target or --preset")
+  only = None
+  if args.only:
+    try:
+      only = {int(x) for x in args.only.split(",")}
+    except ValueError:
+      p.error(f"--only must be comma-separated integers, got {args.only!r}")
+  if args.workers < 1:
+    p.error("--workers must be >= 1")
+  if args.every < 1:
+    p.error("--every must be >= 1")
+
+  mutants: List[Mutant] = []
+  tests_of: Dict[int, Tuple[str, ...]] = {}
+  for t in targets:
+    if not os.path.exists(os.path.join(REPO, t.path)):
+      p.error(f"--target: {t.path} does not exist")
+    if not t.tests and not args.list:
+      p.error(f"no tests for target {str(t)!r}: add =TESTS or --tests")
+    for test in t.tests:
+      if not test_exists(test):
+        p.error(f"tests of {str(t)!r}: {test} does not exist")
+    if t.edit is not None:
+      new = [edit_mutant(t.path, t.spec, t.edit.old, t.edit.new, t.edit.why,
+                         len(mutants))]
+    else:
+      new = generate(t.path, t.spec, len(mutants))
+    tests_of.update({m.index: t.tests for m in new})
+    mutants += new
+  print(f"{len(mutants)} mutants in {len(targets)} targets:", flush=True)
+  for t in targets:
+    print(f"  {t}")
+  if args.list:
+    for m in mutants:
+      print(f"{m.index:4d} {m.path}:{m.line} {m.kind:15s} {m.before!r} -> "
+            f"{m.after!r}" + (f"  [{m.why}]" if m.why else ""))
+    return 0
+  todo = [m for m in mutants if (only is None or m.index in only) and (
+      m.index % args.every == 0 or m.kind == "edit")]
+  if args.isolation == "inprocess":
+    for m in todo:
+      inprocess_site(m.path, m.line)  # Fails early if not applicable.
+
+  t0 = time.perf_counter()
+  tmp = tempfile.mkdtemp(prefix="prfl_mutation_")
+  workers: List = []
+  try:
+    if args.isolation == "process":
+      scratches = [make_scratch(os.path.join(tmp, f"w{w}"))
+                   for w in range(args.workers)]
+      for s in scratches:  # Every mutant starts from the unparsed module.
+        for path in sorted({m.path for m in mutants}):
+          with open(os.path.join(s, path), "w", encoding="utf-8") as f:
+            f.write(unparsed_source(path))
+    else:
+      workers = [WorkerProcess() for _ in range(args.workers)]
+    clean = {}
+    for tests in sorted({tests_of[m.index] for m in todo}):
+      if args.skip_clean:
+        clean[tests] = None
+        continue
+      if args.isolation == "process":
+        status, seconds, failed = run_tests_in_subprocess(scratches[0], tests,
+                                                          3600)
+      else:
+        r = workers[0].ask(dict(kind="clean", tests=tests, timeout=3600))
+        status, seconds, failed = ((r["status"], r["seconds"], r["failed"])
+                                   if r else ("error", 0.0, "worker died"))
+      if status != "survived":
+        print(f"the tests fail without any mutant ({status}): {failed}")
+        return 2
+      clean[tests] = seconds
+      print(f"clean run of {' '.join(tests)}: {seconds:.1f} s", flush=True)
+
+    def timeout_of(m):
+      if args.timeout:
+        return args.timeout
+      c = clean[tests_of[m.index]]
+      return 1800.0 if c is None else max(120.0, 3.0 * c)
+
+    lock = threading.Lock()
+    queue = list(todo)
+    done = []
+
+    def report(m):
+      with lock:
+        done.append(m)
+        n = len(done)
+        killed = sum(x.status in ("killed", "timeout") for x in done)
+        elapsed = time.perf_counter() - t0
+        left = elapsed / n * (len(todo) - n)
+        print(f"[{n}/{len(todo)}] #{m.index} {m.status:8s} "
+              f"{m.path}:{m.line} {m.before!r} -> {m.after!r} "
+              f"({m.seconds:.0f} s) | killed {killed}, survived "
+              f"{n - killed}, ~{left / 60:.0f} min left", flush=True)
+
+    def take():
+      with lock:
+        return queue.pop(0) if queue else None
+
+    def serve_process(w):
+      scratch = scratches[w]
+      while (m := take()) is not None:
+        dest = os.path.join(scratch, m.path)
+        try:
+          with open(dest, "w", encoding="utf-8") as f:
+            f.write(mutated_source(m))
+          m.status, m.seconds, m.failed = run_tests_in_subprocess(
+              scratch, tests_of[m.index], timeout_of(m))
+        finally:
+          with open(dest, "w", encoding="utf-8") as f:
+            f.write(unparsed_source(m.path))
+        report(m)
+
+    def serve_inprocess(w):
+      while (m := take()) is not None:
+        job = dict(kind="mutant", mutant=dataclasses.asdict(m),
+                   tests=tests_of[m.index], timeout=timeout_of(m))
+        t_start = time.perf_counter()
+        r = workers[w].ask(job)
+        if r is None:  # The mutant crashed the worker: killed.
+          m.status, m.seconds = "killed", time.perf_counter() - t_start
+          m.failed = f"worker died (exit {workers[w].proc.poll()})"
+          workers[w].close()
+          workers[w] = WorkerProcess()
+        else:
+          m.status, m.seconds, m.failed = r["status"], r["seconds"], r["failed"]
+        report(m)
+
+    serve = serve_process if args.isolation == "process" else serve_inprocess
+    with concurrent.futures.ThreadPoolExecutor(args.workers) as pool:
+      list(pool.map(serve, range(args.workers)))
+    total_s = time.perf_counter() - t0
+  finally:
+    for w in workers:
+      w.close()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+  killed = [m for m in todo if m.status in ("killed", "timeout")]
+  survived = [m for m in todo if m.status == "survived"]
+  errors = [m for m in todo if m.status not in ("killed", "timeout",
+                                                "survived")]
+  print(f"\n{len(todo)} mutants: {len(killed)} killed, {len(survived)} "
+        f"survived, {len(errors)} errors, {total_s / 60:.1f} min "
+        f"({args.workers} workers, {args.isolation}, load "
+        f"{os.getloadavg()[0]:.1f} at the end)")
+  for m in survived:
+    print(f"  survived #{m.index} {m.path}:{m.line} [{m.kind}] {m.before!r}"
+          f" -> {m.after!r}")
+  for m in errors:
+    print(f"  error #{m.index} {m.path}:{m.line}: {m.failed}")
+  if args.out:
+    result = dict(
+        targets=[str(t) for t in targets], workers=args.workers,
+        isolation=args.isolation, every=args.every,
+        clean_run_s={" ".join(k): v for k, v in clean.items()},
+        total_s=total_s, loadavg_end=os.getloadavg(),
+        counts=dict(mutants=len(todo), killed=len(killed),
+                    survived=len(survived), errors=len(errors)),
+        mutants=[dict(dataclasses.asdict(m), tests=tests_of[m.index])
+                 for m in todo])
+    tmp_out = args.out + ".tmp"
+    with open(tmp_out, "w", encoding="utf-8") as f:
+      json.dump(result, f, indent=1)
+    os.replace(tmp_out, args.out)
+    print(f"saved {args.out}")
+  return 0
+
