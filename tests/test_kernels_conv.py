@@ -15,7 +15,10 @@ Mutations that these tests were seen to catch (each made once, then undone):
     runs it in place of the 2x2-map convolution);
   * `conv_cpu.transpose_input` without `lax.rev` of the kernel, or with its
     input and output features left unswapped, or padding after the input by
-    one less: `test_fast_input_gradient_is_the_convolutions` fails.
+    one less: `test_fast_input_gradient_is_the_convolutions` fails;
+  * `conv_cpu.weight_gradient` with the patch features reversed
+    (`a[:, ::-1]`): `test_fast_input_gradient_is_the_convolutions` fails
+    (its kernel gradient).
 """
 
 import jax
