@@ -33,9 +33,15 @@ def test_smoke_run_agrees_and_writes_json(tmp_path):
   assert auto["plan"].endswith("/ghost")  # The conv layers were found.
 
 
-@pytest.mark.parametrize("name", sorted(zoo.SPECS))
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.slow) if n == "vgg8" else n
+    for n in sorted(zoo.SPECS)])
 def test_torch_twin_computes_the_flax_model(name):
-  """Same logits from the Flax model and its PyTorch twin (widths / 16)."""
+  """Same logits from the Flax model and its PyTorch twin (widths / 16).
+
+  VGG-8 is `slow` (24 CPU-seconds; not in CI): its twin is built by the
+  same code from the same layer kinds as the two CNNs that CI checks.
+  """
   torch = pytest.importorskip("torch")
   spec = zoo.SPECS[name].scaled(16)
   model, _ = zoo.make_loss(spec)

@@ -9,9 +9,14 @@ from benchmarks import bench_plans
 from tests import tolerances
 
 
+@pytest.mark.slow
 def test_smoke_run_ranks_plans_and_names_the_default(tmp_path):
   """Every plan's centres agree (exit status 0), the default row names the
   plan `ExecutionPlan()` resolves to, and the best candidate is 1.0x itself.
+
+  `slow` (43 CPU-seconds, eight compiles; not in CI): CI checks the default
+  plan's choice in test_kernels_plan.py and the plans' agreement in
+  test_gradients.py, test_ghost.py and test_kernels_trace.py.
 
   It names the mutations it must catch (a default row labelled `auto/auto`,
   `vs_best` against the slowest plan); neither was run in this session.

@@ -40,8 +40,13 @@ def test_bench_round_configurations_agree(tmp_path):
     assert r["rel_diff"] < 1e-3
 
 
+@pytest.mark.slow
 def test_bench_round_user_and_flax_losses_agree(tmp_path):
-  """The user-written and Flax MLP losses give the library loss's centres."""
+  """The user-written and Flax MLP losses give the library loss's centres.
+
+  `slow` (27 CPU-seconds; not in CI): CI checks a user-written MLP under
+  every plan and a Flax linen MLP's Gram matrix in test_kernels_trace.py.
+  """
   out = tmp_path / "round.json"
   assert bench_round.main([
       "--clients", "3", "--batch-size", "2", "--repeats", "1",
@@ -69,7 +74,10 @@ def test_bench_round_torch_loop_matches(tmp_path):
   assert any(r["config"].startswith("torch-loop") for r in rows)
 
 
+@pytest.mark.slow
 def test_bench_scale_writes_memory_and_linear_rows(tmp_path):
+  """`slow` (26 CPU-seconds, a process per memory row; not in CI): the
+  benchmark's own output, no library property."""
   out = tmp_path / "scale.json"
   assert bench_scale.main([
       "--clients", "6", "--num-groups", "2", "--batch-size", "2",

@@ -1,5 +1,7 @@
 """Tests of prfl_jax.kernels.ghost: Gram matrices of gradients from tokens."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -214,24 +216,52 @@ def test_uses_ghost_counts_flops():
 
 PLANS = [kernels.ExecutionPlan(None, "ghost"), kernels.ExecutionPlan(1, "ghost"),
          kernels.ExecutionPlan(3, "ghost"), kernels.ExecutionPlan()]
+CASES = ["plain", "weights", "nan"]
 
 
-@pytest.mark.parametrize("plan", PLANS, ids=str)
-@pytest.mark.parametrize("case", ["plain", "weights", "nan"])
-@pytest.mark.parametrize("always", [True, False])
-def test_cluster_at_models_matches_direct(plan, case, always, monkeypatch):
-  if always:
-    monkeypatch.setattr(ghost, "uses_ghost", lambda *args, **kw: True)
+def _pairwise(plans, cases):
+  """(plan, case, always) for every plan and case; `always` alternates so
+  that every pair of the three values also occurs. The 12 other
+  combinations are marked `slow` (`python -m pytest -m slow`)."""
+  return [pytest.param(p, c, a, marks=() if a == ((i + j) % 2 == 0) else
+                       pytest.mark.slow)
+          for i, p in enumerate(plans) for j, c in enumerate(cases)
+          for a in (True, False)]
+
+
+def _case(case):
+  """`_problem(seed=1)` with the weights and data of `case`."""
   params, (x, y) = _problem(seed=1)
   weights = None
   if case == "weights":
     weights = jnp.array([1.0, 1.0, 0.0, 1.0, 2.0, 1.0, 0.0])
   elif case == "nan":  # Client 5's data make its gradients NaN.
     x = x.at[5, 0, 0].set(jnp.nan)
-  run = lambda s: jax.jit(lambda p, b: kernels.cluster_at_models(
+  return params, (x, y), weights
+
+
+def _cluster(case, plan):
+  params, batch, weights = _case(case)
+  return jax.jit(lambda p, b: kernels.cluster_at_models(
       _loss, p, b, radius=prfl.quantile_radius(0.5), num_iters=6,
-      weights=weights, plan=s))(params, (x, y))
-  out, ref = run(plan), run(kernels.ExecutionPlan(None, "direct"))
+      weights=weights, plan=plan))(params, batch)
+
+
+@functools.lru_cache(maxsize=None)
+def _direct(case):
+  """The direct kernel's result, computed once per case and process (it
+  does not depend on `uses_ghost`)."""
+  return _cluster(case, kernels.ExecutionPlan(None, "direct"))
+
+
+@pytest.mark.parametrize("plan, case, always", _pairwise(PLANS, CASES),
+                         ids=str)
+def test_cluster_at_models_matches_direct(plan, case, always, monkeypatch):
+  """Every ghost plan gives the direct kernel's centres, losses, norms and
+  balls, with each layer through (*) (`always`) or by the FLOP rule."""
+  if always:
+    monkeypatch.setattr(ghost, "uses_ghost", lambda *args, **kw: True)
+  out, ref = _cluster(case, plan), _direct(case)
   ok = np.ones(N, bool)
   if case == "nan":  # Client 5's own centre is its own NaN gradient.
     ok[5] = False
@@ -289,15 +319,14 @@ def test_auto_kernel_picks_ghost_only_where_it_applies():
   assert resolve(_loss, messages=True).kernel == "gram"
   assert resolve(_loss, kernel="direct").kernel == "direct"
   assert prfl.ExecutionPlan() == ("auto", "auto")
-  # With an attack, the default plan falls back to the Gram kernel.
+  # With an attack, the default plan falls back to the Gram kernel. Jitted
+  # (op by op, 24 CPU-seconds): the two plans are then one program.
   flip = lambda g, i, k: jax.tree.map(lambda a: -a, g)
-  out = kernels.cluster_at_models(_loss, params, batch, radius=1.0,
-                                  num_iters=2, message_fn=flip,
-                                  key=jax.random.PRNGKey(0))
-  ref = kernels.cluster_at_models(
-      _loss, params, batch, radius=1.0, num_iters=2, message_fn=flip,
-      key=jax.random.PRNGKey(0),
-      plan=prfl.ExecutionPlan(tolerances.default_chunk(N), "gram"))
+  run = lambda plan: jax.jit(lambda p, b: kernels.cluster_at_models(
+      _loss, p, b, radius=1.0, num_iters=2, message_fn=flip,
+      key=jax.random.PRNGKey(0), plan=plan))(params, batch)
+  out = run(prfl.ExecutionPlan())
+  ref = run(prfl.ExecutionPlan(tolerances.default_chunk(N), "gram"))
   jax.tree.map(np.testing.assert_array_equal, out.centers, ref.centers)
 
 
