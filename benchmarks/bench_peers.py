@@ -20,12 +20,18 @@ final models are from prfl_jax's.
 
 Per round, each system does:
 * prfl_jax: `prfl.train` of `prfl.participation.cohort(fedavg(...,
-  local_steps=5), cohort_size=50)`, the clients' data on the device: the
-  round's cohort is drawn from its key, its 50 clients' rows gathered, one
-  epoch of SGD `vmap`ped over them, the mean change added to the one global
-  model. The CNN's convolutions run as patches times kernel
-  (`prfl_jax.kernels.conv_cpu.conv_by_patches`): XLA:CPU's own convolution
-  gradient is several times slower for these shapes (`--conv xla`).
+  local_steps=5, clients_at_once=1), cohort_size=50)`, the clients' data on
+  the device: the round's cohort is drawn from its key, its 50 clients' rows
+  gathered, one epoch of SGD per client, the clients one after another
+  (`lax.map`) inside the one compiled round, the mean change added to the one
+  global model. `--clients-at-once all` `vmap`s the cohort instead: the
+  per-client kernels then become grouped convolutions and 50 clients'
+  activations, which XLA:CPU runs slower. Convolutions (`--conv`): `fast`
+  (default) is `conv_cpu.conv_with_fast_grads`, XLA's convolution forward
+  and input gradient and a patches GEMM for the kernel gradient; `patches`
+  is `conv_cpu.conv_by_patches` throughout; `xla` is plain
+  `lax.conv_general_dilated`, whose autodiff XLA:CPU runs several times
+  slower.
 * pfl: `FederatedAveraging` on `SimulatedBackend`: one process, the cohort's
   users one after another in PyTorch (`--torch-threads`, default 1: on this
   loaded 2-core machine torch's default 2 threads were 5-10x slower).
@@ -84,7 +90,9 @@ _CONV = conv_kernels.conv_params(4, window_strides=(1, 1), padding="VALID",
 def cnn_apply(conv: str):
   """pfl's simple_cnn on `peers_task` params; `x [B, 32, 32, 3]` -> logits."""
   def conv2d(x, p):
-    if conv == "patches":
+    if conv == "fast":
+      y = conv_cpu.conv_with_fast_grads(x, p["kernel"], _CONV)
+    elif conv == "patches":
       y = conv_cpu.conv_by_patches(x, p["kernel"], _CONV)
     else:
       y = lax.conv_general_dilated(x, p["kernel"], (1, 1), "VALID",
@@ -101,11 +109,12 @@ def cnn_apply(conv: str):
   return apply
 
 
-def cohort_fedavg(task: peers_task.Task, conv: str):
+def cohort_fedavg(task: peers_task.Task, conv: str, clients_at_once=None):
   """FedAvg with one local epoch, run on cohorts of `task.cohort` clients."""
   loss = prfl.models.classifier_loss(cnn_apply(conv))
   alg = prfl.algorithms.fedavg(loss, optax.sgd(task.local_lr),
-                               local_steps=task.local_steps)
+                               local_steps=task.local_steps,
+                               clients_at_once=clients_at_once)
   return prfl.participation.cohort(alg, cohort_size=task.cohort)
 
 
@@ -126,9 +135,9 @@ class PrflJax:
   """
 
   def __init__(self, task: peers_task.Task, data, key: jax.Array,
-               rounds: int, conv: str):
+               rounds: int, conv: str, clients_at_once):
     self.task, self.key, self.rounds = task, key, rounds
-    self.alg = cohort_fedavg(task, conv)
+    self.alg = cohort_fedavg(task, conv, clients_at_once)
     x, y = jax.device_put(data[0]), jax.device_put(data[1].astype(np.int32))
     self.data = prfl.data.FederatedData(
         train=(x, y), test=y,  # No per-client evaluation: test is unused.
@@ -177,7 +186,11 @@ def parse(argv):
   p.add_argument("--ray-cpus", type=int, default=2)
   p.add_argument("--torch-threads", type=int, default=1,
                  help="pfl's PyTorch threads (Flower's actors: 1 each)")
-  p.add_argument("--conv", choices=("patches", "xla"), default="patches")
+  p.add_argument("--conv", choices=("fast", "patches", "xla"), default="fast",
+                 help="prfl_jax's convolutions (see the module docstring)")
+  p.add_argument("--clients-at-once", default="1",
+                 help="prfl_jax's fedavg(clients_at_once=): an integer, or "
+                 "'all' (one vmap over the cohort)")
   p.add_argument("--out", default=os.path.join(common.RESULTS_DIR,
                                                "peers_cpu.json"))
   args = p.parse_args(argv)
@@ -189,6 +202,13 @@ def parse(argv):
   for name in ("segments", "rounds", "ray_cpus", "torch_threads"):
     if getattr(args, name) < 1:
       p.error(f"--{name.replace('_', '-')} must be >= 1")
+  if args.clients_at_once == "all":
+    args.clients_at_once = None
+  elif not args.clients_at_once.isdigit() or int(args.clients_at_once) < 1:
+    p.error(f"--clients-at-once must be an integer >= 1 or 'all', got "
+            f"{args.clients_at_once!r}")
+  else:
+    args.clients_at_once = int(args.clients_at_once)
   task = peers_task.Task(args.clients, args.examples, args.cohort, args.batch,
                          noise=args.noise, test_size=args.test_size,
                          seed=args.seed)
@@ -223,7 +243,8 @@ def run_segments(args, systems, task, data, data_dir: str):
   test = (jnp.asarray(test[0]), jnp.asarray(test[1].astype(np.int32)))
   runners = {}
   if "prfl_jax" in systems:
-    jx = PrflJax(task, data, key, args.rounds, args.conv)
+    jx = PrflJax(task, data, key, args.rounds, args.conv,
+                 args.clients_at_once)
     runners["prfl_jax"] = jx.run
   if {"pfl", "flower"} & set(systems):
     from benchmarks import peers_torch  # pylint: disable=g-import-not-at-top
@@ -286,6 +307,7 @@ def finish(args, task, systems, rows, notes) -> int:
   payload = {"task": task._asdict(), "rounds": args.segments * args.rounds,
              "segments": args.segments, "rounds_per_segment": args.rounds,
              "ray_cpus": args.ray_cpus, "conv": args.conv,
+             "clients_at_once": args.clients_at_once,
              "command": "python -m benchmarks.bench_peers " + " ".join(
                  sys.argv[1:]), "notes": notes, "versions": versions,
              "machine": common.machine_info(), "rows": table}

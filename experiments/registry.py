@@ -232,19 +232,25 @@ def _fc(ctx, s):
   defence = FC_DEFENCES[s.get("fc_defence", "none")]
   radius = (prfl.quantile_radius(s.quantile) if ctx.radius is None
             else ctx.radius)
+  grouping = (prfl.algorithms.fc_groups.cluster_aware()
+              if s.get("fc_grouping") == "cluster_aware" else None)
   return prfl.algorithms.federated_clustering(
       ctx.loss_fn, optimizer(s), radius=radius,
       num_iters=s.num_iters, num_groups=s.groups or 1,
       local_steps=s.fc_local_steps, attack=ctx.attack, plan=plan(s),
       pre_aggregator=(prfl.aggregators.cap_duplicates() if defence.get("pre")
                       else None), ball_cap=defence.get("ball_cap"),
-      true_clusters=ctx.clusters)
+      grouping=grouping, true_clusters=ctx.clusters)
 
 
 register("fc_dedup", "FC + cap_duplicates", reads=_FC,
          fc_defence="dedup")(_fc)
 register("fc_ball_cap", "FC + cap_duplicates + ball cap", reads=_FC,
          fc_defence="ball_cap")(_fc)
+# Beyond the paper: each round's groups formed from the models, with a
+# random share kept (`prfl_jax.algorithms.fc_groups.cluster_aware`).
+register("fc_aware", "FC, cluster-aware groups", reads=_FC,
+         fc_grouping="cluster_aware")(_fc)
 
 
 @register("oracle", "Ground truth (oracle)")

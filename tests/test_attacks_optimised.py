@@ -194,3 +194,33 @@ def test_jittered_moves_each_row_by_scale_times_its_norm_and_unties():
 def test_jittered_bad_arguments_raise(make):
   with pytest.raises((ValueError, TypeError)):
     make()
+
+
+def test_concentrated_attacks_only_where_the_target_gradient_is_small():
+  """`concentrated(large(10))`: the target is the first benign client (row
+  0). Where its gradient is among the smallest half of the benign ones the
+  Byzantine rows are the wrapped attack's, elsewhere NaN; benign rows never
+  change. Seen to fail with the comparison reversed (attack where the
+  target's gradient is large)."""
+  byz = jnp.asarray([False, False, False, False, True, True])
+  near = jnp.asarray([[0.1], [0.2], [3.0], [4.0], [0.0], [0.0]])
+  far = jnp.asarray([[5.0], [0.2], [0.3], [4.0], [0.0], [0.0]])
+  attack = attacks.concentrated(attacks.large(10.0))
+  for msgs, attacked in ((near, True), (far, False)):
+    out = np.asarray(attack({"x": msgs}, byz, jax.random.key(0))["x"])
+    np.testing.assert_array_equal(out[:4], np.asarray(msgs)[:4])
+    want = np.asarray(attacks.large(10.0)({"x": msgs}, byz,
+                                          jax.random.key(0))["x"])[4:]
+    if attacked:
+      np.testing.assert_array_equal(out[4:], want)
+    else:
+      assert np.isnan(out[4:]).all()
+
+
+@pytest.mark.parametrize("make", [
+    lambda: attacks.concentrated("alie"),
+    lambda: attacks.concentrated(attacks.alie(), 0.0),
+    lambda: attacks.concentrated(attacks.alie(), True)])
+def test_concentrated_bad_arguments_raise(make):
+  with pytest.raises((ValueError, TypeError)):
+    make()

@@ -9,6 +9,7 @@ import optax
 import pytest
 
 import prfl_jax as prfl
+from prfl_jax.algorithms.fedavg import local_updates
 
 
 def shifted_quadratic(x, batch):
@@ -146,3 +147,39 @@ def test_init_has_the_one_signature(name):
   state = init(jnp.zeros((6, 10)), byzantine=jnp.array([0, 0, 0, 0, 0, 1],
                                                        bool))
   assert state.params.shape == (6, 10)
+
+
+@pytest.mark.parametrize("at_once", [1, 3])
+def test_fedavg_clients_at_once_trains_the_same_clients(at_once):
+  """k clients at a time (`lax.map`, 3 does not divide N = 4) gives the
+  `vmap`'s models and losses. Seen to fail when `local_updates` maps the
+  params over clients but hands every client the first client's batch."""
+  batch = jnp.array([[[0.0], [4.0]], [[8.0], [0.0]], [[1.0], [3.0]],
+                     [[5.0], [7.0]]])
+  params = jnp.arange(4.0)[:, None]
+  runs = []
+  for k in (None, at_once):
+    alg = prfl.algorithms.fedavg(shifted_quadratic, optax.sgd(0.5),
+                                 local_steps=2, clients_at_once=k)
+    state = alg.init(params)
+    runs.append(jax.jit(alg.step)(state, batch, jax.random.key(0)))
+  (want, want_m), (got, got_m) = runs
+  np.testing.assert_allclose(got.params, want.params, rtol=1e-6)
+  np.testing.assert_allclose(got_m["loss"], want_m["loss"], rtol=1e-6)
+  deltas, losses = jax.jit(
+      lambda p, b: local_updates(
+          shifted_quadratic, optax.sgd(0.5), p, b, 2, at_once))(params, batch)
+  # Client j's two steps from x_j: x1 = x_j/2 + c_a/2, x2 = x1/2 + c_b/2.
+  x1 = params[:, 0] / 2 + batch[:, 0, 0] / 2
+  np.testing.assert_allclose(deltas[:, 0], x1 / 2 + batch[:, 1, 0] / 2
+                             - params[:, 0], rtol=1e-6)
+  np.testing.assert_allclose(losses, 0.5 * (params[:, 0] - batch[:, 0, 0])**2,
+                             rtol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs", [dict(clients_at_once=0, local_steps=2),
+                                    dict(clients_at_once=2.0, local_steps=2),
+                                    dict(clients_at_once=2, local_steps=1)])
+def test_fedavg_clients_at_once_bad_input(kwargs):
+  with pytest.raises(ValueError, match="clients_at_once"):
+    prfl.algorithms.fedavg(shifted_quadratic, optax.sgd(0.5), **kwargs)

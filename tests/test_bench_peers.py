@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from benchmarks import bench_peers
+from benchmarks import peers_step
 from benchmarks import peers_task
 
 TINY = peers_task.Task(num_clients=5, examples=4, cohort=2, batch=2,
@@ -75,7 +76,8 @@ def test_bad_task_is_named(task, match):
 
 @pytest.mark.parametrize("argv", [
     ["--systems", "prfl_jax,tff"], ["--systems", "pfl,pfl"],
-    ["--cohort", "9", "--clients", "5"], ["--rounds", "0"]])
+    ["--cohort", "9", "--clients", "5"], ["--rounds", "0"],
+    ["--clients-at-once", "0"], ["--clients-at-once", "some"]])
 def test_bad_arguments_exit_before_any_work(argv, tmp_path):
   out = tmp_path / "peers.json"
   with pytest.raises(SystemExit) as e:
@@ -83,14 +85,15 @@ def test_bad_arguments_exit_before_any_work(argv, tmp_path):
   assert e.value.code == 2 and not out.exists()
 
 
-def test_patches_and_xla_convolutions_agree():
-  """The benchmark's CNN gives the same logits with either convolution."""
+def test_patches_fast_and_xla_convolutions_agree():
+  """The benchmark's CNN gives the same logits with every convolution."""
   params = jax.tree.map(jnp.asarray, peers_task.init_params(0))
   x, _ = peers_task.client_data(TINY, 0)
   a = bench_peers.cnn_apply("patches")(params, x)
-  b = bench_peers.cnn_apply("xla")(params, x)
   assert a.shape == (4, 10)
-  np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+  for conv in ("xla", "fast"):
+    np.testing.assert_allclose(bench_peers.cnn_apply(conv)(params, x), a,
+                               rtol=1e-4, atol=1e-5)
 
 
 def test_prfl_jax_side_runs_and_writes_json(tmp_path):
@@ -133,3 +136,10 @@ def test_flower_trains_the_same_model(tmp_path):
   pytest.importorskip("ray")
   row = _one_round_pfl_vs_prfl(tmp_path, "flower")
   assert row["max_param_diff"] < 1e-5
+
+
+@pytest.mark.parametrize("argv", [["--batch", "0"], ["--repeats", "0"]])
+def test_peers_step_bad_arguments_exit_before_any_work(argv):
+  with pytest.raises(SystemExit) as e:
+    peers_step.main(argv)
+  assert e.value.code == 2

@@ -172,6 +172,9 @@ def test_smoke_run_writes_every_output(tmp_path, capsys):
   assert (out / "grid.csv").read_text().startswith("accuracy,")
   assert not list(out.glob(".tmp-*"))
   assert result["checks"] == grid["checks"]
+  so_far = json.loads((out / "rows_so_far.json").read_text())
+  assert [r["accuracy"] for r in so_far["rows"]] == [
+      r["accuracy"] for r in grid["rows"]]
 
 
 def test_groups_option_sets_fc_subgroups_and_is_checked(no_data_load, capsys):

@@ -183,3 +183,22 @@ def test_grouping_must_be_callable():
     prfl.algorithms.federated_clustering(
         lambda x, b: jnp.sum(x), optax.sgd(0.1), radius=1.0,
         grouping="aware")
+
+
+def test_registry_fc_aware_passes_the_cluster_aware_rule(monkeypatch):
+  """The experiments' `fc_aware` is FC with `cluster_aware()` groups and
+  `fc` keeps uniform groups (grouping None).
+
+  Seen to fail when `fc_aware` was registered without its `fc_grouping`
+  default (both built uniform groups).
+  """
+  from experiments import groups as option_groups
+  from experiments import registry
+  seen = []
+  monkeypatch.setattr(prfl.algorithms, "federated_clustering",
+                      lambda *a, **k: seen.append(k["grouping"]))
+  ctx = registry.Context(lambda x, b: jnp.sum(x), np.arange(4) % 2, 2,
+                         jax.random.key(0))
+  for name in ("fc_aware", "fc"):
+    registry.build(name, ctx, registry.settings(option_groups.Optim(), name))
+  assert isinstance(seen[0], fc_groups.ClusterAware) and seen[1] is None

@@ -15,7 +15,10 @@ Mutations that these tests were seen to catch (each made once, then undone):
     runs it in place of the 2x2-map convolution);
   * `conv_cpu.transpose_input` without `lax.rev` of the kernel, or with its
     input and output features left unswapped, or padding after the input by
-    one less: `test_fast_input_gradient_is_the_convolutions` fails.
+    one less: `test_fast_input_gradient_is_the_convolutions` fails;
+  * `conv_cpu.weight_gradient` with the patch features reversed
+    (`a[:, ::-1]`): `test_fast_input_gradient_is_the_convolutions` fails
+    (its kernel gradient).
 """
 
 import jax
@@ -462,3 +465,26 @@ def test_engine_ghost_centres_equal_gram_on_a_flax_cnn():
   for g, r in zip(jax.tree.leaves(ghost), jax.tree.leaves(gram)):
     np.testing.assert_allclose(
         g, r, **tolerances.model(1e-4, 1e-6, scale=np.abs(r).max()))
+
+
+def test_thin_inputs_go_by_patches_on_cpu():
+  """A convolution with at most `THIN_FEATURES` input features runs as
+  patches times the kernel in the interpreter (no XLA convolution in its
+  program), a wider one as XLA's convolution, in either layout.
+
+  Seen to fail with `THIN_FEATURES = 0` and with `thin_input` reading the
+  output features (`rhs[0]`) instead of the input features.
+  """
+  def convs(x_shape, w_shape, dn=("NHWC", "HWIO", "NHWC")):
+    params = conv.conv_params(len(x_shape), window_strides=(1, 1),
+                              padding="SAME", dimension_numbers=dn)
+    x, w = jnp.zeros(x_shape), jnp.zeros(w_shape)
+    jaxpr = jax.make_jaxpr(lambda x, w: conv_cpu._replacement(  # pylint: disable=protected-access
+        params, x, w))(x, w)
+    return str(jaxpr).count("conv_general_dilated")
+
+  assert convs((2, 6, 6, 1), (3, 3, 1, 16)) == 0
+  assert convs((2, 6, 6, 4), (3, 3, 4, 2)) == 0
+  assert convs((2, 3, 6, 6), (16, 3, 3, 3), ("NCHW", "OIHW", "NCHW")) == 0
+  assert convs((2, 6, 6, 8), (3, 3, 8, 2)) == 1
+  assert convs((2, 16, 6, 6), (2, 16, 3, 3), ("NCHW", "OIHW", "NCHW")) == 1

@@ -18,7 +18,8 @@ ATTACKS = ("label_flip", "large", "bit_flip", "gaussian", "alie", "ipm",
            "mimic", "nan", "inf", "edge")
 # Optimised and adaptive attacks (issue 20), run on request (`--attacks`).
 STRONG_ATTACKS = ("alie_jitter", "ipm_jitter", "spread_edge", "opt_alie",
-                  "opt_ipm", "min_max", "min_sum")
+                  "opt_ipm", "min_max", "min_sum", "fang_tm", "fang_krum",
+                  "alie_concentrated")
 ATTACK_LABELS = {
     "none": "no attack", "label_flip": "label flip", "large": "large (x1e4)",
     "bit_flip": "bit flip", "gaussian": "Gaussian (sd 100)", "alie": "ALIE",
@@ -26,7 +27,9 @@ ATTACK_LABELS = {
     "edge": "ball edge (worst case)", "alie_jitter": "ALIE, jittered 1%",
     "ipm_jitter": "IPM, jittered 1%", "spread_edge": "ball edge, spread",
     "opt_alie": "optimised ALIE", "opt_ipm": "optimised IPM",
-    "min_max": "Min-Max", "min_sum": "Min-Sum"}
+    "min_max": "Min-Max", "min_sum": "Min-Sum",
+    "fang_tm": "Fang (trimmed mean)", "fang_krum": "Fang (Krum)",
+    "alie_concentrated": "ALIE, jittered, on one cluster"}
 # Line-search evaluations of the optimised ALIE / IPM (ByzFL: 20). Against
 # FC every evaluation clusters at every model, so fewer.
 OPT_EVALS = 8
@@ -187,6 +190,12 @@ def make_attack(name: str, s: registry.Settings, method: str = "fc",
           objective(), evals=OPT_EVALS),
       "min_max": prfl.attacks.min_max,
       "min_sum": prfl.attacks.min_sum,
+      "fang_tm": prfl.attacks.fang_trimmed_mean,
+      # Krum told the attack's own Byzantine count (its best guess).
+      "fang_krum": lambda: prfl.attacks.fang_krum(num_byzantine),
+      # Against the ball cap: every Byzantine ball on one cluster's models.
+      "alie_concentrated": lambda: prfl.attacks.concentrated(
+          prfl.attacks.jittered(prfl.attacks.alie())),
   }[name]()
 
 

@@ -108,6 +108,8 @@ def _progress(tracker, index: int, total: int, what: str, r: dict,
 
 
 def run_grid(cfg, prepared: Prepared, tracker) -> list:
+  """Every grid run; `rows_so_far.json` holds the finished ones (a long
+  grid stopped early keeps its numbers)."""
   jobs, rows, start = config.grid_jobs(cfg), [], time.perf_counter()
   for f, fed in prepared.grid.items():
     tracker.log(f"Federation (Byzantine fraction {f:g}): {fed.description}")
@@ -120,6 +122,8 @@ def run_grid(cfg, prepared: Prepared, tracker) -> list:
     r.update(fraction=fraction, attack=attack, method=method,
              num_byzantine=int(np.sum(fed.byzantine)))
     rows.append(r)
+    files.write_json(os.path.join(cfg.run.out, "rows_so_far.json"),
+                     {"config": options.to_dict(cfg), "rows": rows})
     _progress(tracker, i, len(jobs), what, r, start)
   return rows
 

@@ -8,7 +8,7 @@ the global model on s micro-batches of its batch (fresh optimizer state each
 round) and the server averages the resulting model changes.
 """
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 from jax import lax
@@ -32,7 +32,7 @@ class FedAvgState(NamedTuple):
 
 
 def local_updates(loss_fn, optimizer, params: PyTree, batch: PyTree,
-                  local_steps: int):
+                  local_steps: int, clients_at_once: Optional[int] = None):
   """Every client's model change after `local_steps` optimizer steps.
 
   Args:
@@ -41,6 +41,9 @@ def local_updates(loss_fn, optimizer, params: PyTree, batch: PyTree,
     params: leaves `[N, ...]` starting models.
     batch: leaves `[N, B, ...]`, split into `local_steps` micro-batches.
     local_steps: number of local steps s.
+    clients_at_once: None trains all N clients in one `vmap`; k trains them k
+      at a time (`lax.map` with `batch_size=k`; 1: one after another, no
+      `vmap`). Same results up to float summation order.
 
   Returns:
     `(deltas, first_losses [N])`: deltas leaves `[N, ...]` (new - start) and
@@ -58,12 +61,15 @@ def local_updates(loss_fn, optimizer, params: PyTree, batch: PyTree,
     return jax.tree.map(lambda a, b: a - b, q, p), losses[0]
 
   micro = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), micro)  # [N, s, ...]
-  return jax.vmap(one_client)(params, micro)
+  if clients_at_once is None:
+    return jax.vmap(one_client)(params, micro)
+  return lax.map(lambda a: one_client(*a), (params, micro),
+                 batch_size=None if clients_at_once == 1 else clients_at_once)
 
 
 def fedavg(loss_fn, optimizer: optax.GradientTransformation, *,
-           local_steps: int = 1, attack=None,
-           aggregator=None) -> base.Algorithm:
+           local_steps: int = 1, attack=None, aggregator=None,
+           clients_at_once: Optional[int] = None) -> base.Algorithm:
   """FedAvg with gradient averaging (1 local step) or model averaging.
 
   Args:
@@ -75,6 +81,11 @@ def fedavg(loss_fn, optimizer: optax.GradientTransformation, *,
     aggregator: how the server combines the N messages, a
       `prfl_jax.aggregators` rule such as `aggregators.median()`; None is the
       mean (bit-identical to `aggregators.mean()`).
+    clients_at_once: with `local_steps > 1`, how many clients train at once
+      (`local_updates`); None: all in one `vmap`. On XLA:CPU one at a time
+      (1) keeps each client's convolutions ungrouped and its working set in
+      cache: pfl's CIFAR CNN trained faster that way (`benchmarks/README.md`,
+      peers section).
 
   Returns:
     `Algorithm(init, step)`.
@@ -84,6 +95,11 @@ def fedavg(loss_fn, optimizer: optax.GradientTransformation, *,
   """
   base.check_optimizer(optimizer)
   base.check_positive_int(local_steps, "local_steps")
+  if clients_at_once is not None:
+    base.check_positive_int(clients_at_once, "clients_at_once")
+    if local_steps == 1:
+      raise ValueError("`clients_at_once` applies to local training "
+                       "(`local_steps` > 1); got local_steps=1.")
   if aggregator is not None and not callable(aggregator):
     raise TypeError(f"`aggregator` must be a prfl_jax.aggregators rule or "
                     f"None, got {type(aggregator)}.")
@@ -103,7 +119,7 @@ def fedavg(loss_fn, optimizer: optax.GradientTransformation, *,
       losses, messages = gradients.client_grads(loss_fn, state.params, batch)
     else:
       messages, losses = local_updates(loss_fn, optimizer, state.params, batch,
-                                       local_steps)
+                                       local_steps, clients_at_once)
     honest_norm = base.benign_mean(base.grad_norms(messages), state.byzantine)
     messages = base.attacked(attack, messages, state.byzantine, key)
     if aggregator is None:

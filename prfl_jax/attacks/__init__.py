@@ -20,7 +20,8 @@ Modules:
                 (ByzFL's), Min-Max and Min-Sum (Shejwalkar and Houmansadr).
   fang.py       Fang et al.'s attacks on Krum and the trimmed mean.
   adaptive.py   attacks adapted to Federated-Clustering's defences
-                (`jittered`: any attack, untied).
+                (`jittered`: any attack, untied; `concentrated`: on one
+                cluster's models only).
 
 References:
   Baruch et al., 2019 (ALIE); Xie et al., 2020 (IPM); Karimireddy et al., 2022
@@ -29,6 +30,7 @@ References:
   Shejwalkar and Houmansadr, 2021 (Min-Max, Min-Sum); Fang et al., 2020.
 """
 
+from prfl_jax.attacks.adaptive import concentrated
 from prfl_jax.attacks.adaptive import jittered
 from prfl_jax.attacks.base import Attack
 from prfl_jax.attacks.base import PyTree

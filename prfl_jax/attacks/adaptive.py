@@ -3,6 +3,9 @@
 `jittered` unties any attack whose Byzantine clients send one vector, so
 that `aggregators.cap_duplicates` (which counts near-identical messages
 once) no longer merges them; the rows move by a negligible amount.
+`concentrated` spends the Byzantine clients' messages on one cluster's
+models only, against the ball cap (`fc_defence.cap_balls`), which limits
+how many balls a client joins but not where.
 """
 
 import math
@@ -53,4 +56,47 @@ def jittered(attack: Attack, scale: float = 0.01) -> Attack:
         lambda b, e: b + ratio.reshape((-1,) + (1,) * (b.ndim - 1)).astype(
             b.dtype) * e, bad, noise)
     return base.replace(messages, byzantine, moved)
+  return attacked
+
+
+def concentrated(attack: Attack, share: float = 0.5) -> Attack:
+  """`attack` at the models of one benign client's cluster, NaN elsewhere.
+
+  Federated-Clustering calls an attack once per model with every client's
+  honest gradient at that model. The target is the first benign client t;
+  a model is taken for one of t's cluster when t's gradient there is among
+  the smallest `share` of the benign gradients (a model fits its own
+  cluster's data: with K equal clusters, about 1/K of the benign clients
+  have small gradients there, so `share` 0.5 separates them for K >= 3).
+  There the Byzantine rows are `attack`'s; at every other model they are
+  NaN, which lies outside every ball. A Byzantine client so joins only
+  the balls of t's cluster's models: under the ball cap its M balls all
+  fall there, where an attack sent to every model spreads them over all
+  N (Werner et al., 2023, Theorem 1: beta_i for that cluster is back to
+  about f / (f + qN)).
+
+  Args:
+    attack: any attack (`attack(messages, byzantine, key)`).
+    share: in (0, 1], the fraction of benign clients whose gradients count
+      as small.
+
+  Raises:
+    TypeError: if `attack` is not callable.
+    ValueError: if `share` is not a number in (0, 1].
+  """
+  if not callable(attack):
+    raise TypeError(f"`attack` must be callable, got {type(attack)}.")
+  if (isinstance(share, bool) or not isinstance(share, numbers.Real) or
+      not 0 < share <= 1):
+    raise ValueError(f"`share` must be a number in (0, 1], got {share!r}.")
+
+  def attacked(messages, byzantine, key):
+    benign = ~byzantine
+    norms = tree_lib.sq_norms(messages)
+    target = jnp.argmax(benign)
+    rank = jnp.sum(benign & (norms < norms[target]))
+    near = rank < share * jnp.sum(benign)
+    bad = attack(messages, byzantine, key)
+    nan = jax.tree.map(lambda x: jnp.full_like(x, jnp.nan), messages)
+    return tree_lib.where(byzantine & ~near, nan, bad)
   return attacked

@@ -14,11 +14,15 @@ values, same gradients; `rules.register_replacement`):
   transposed to `HWIO` in memory first (`benchmarks/README.md`).
   `conv_with_fast_grads` differentiates the input that way.
 * Inputs smaller than the kernel, such as the 2x2 maps of a CIFAR VGG's last
-  block (`slow_on_xla_cpu`): `conv_by_patches`, one GEMM on the patches.
+  block (`slow_on_xla_cpu`), and inputs with few features, such as an
+  image's 1 or 3 channels in a first layer (`thin_input`):
+  `conv_by_patches`, one GEMM on the patches.
 
-The weight gradient is never taken through these: the interpreter gets a
-recognised layer's weight gradient from its tokens (`kernels.ghost`), and a
-convolution weight left to plain autodiff gets JAX's own rule.
+The interpreter gets a recognised layer's weight gradient from its tokens
+(`kernels.ghost`); a convolution weight left to plain autodiff of
+`conv_with_fast_grads` gets `weight_gradient`, the same tokens' GEMM (XLA:CPU
+runs JAX's own rule, a convolution with batch and features swapped, 2-3x
+slower).
 """
 
 import math
@@ -57,6 +61,31 @@ def slow_on_xla_cpu(params: Params, x_shape: Sequence[int],
     if dilated_in < dilated_k:
       return True
   return False
+
+
+# Most input features per group for which `conv_by_patches` replaces
+# XLA:CPU's own convolution (`thin_input`).
+THIN_FEATURES = 4
+
+
+def thin_input(params: Params, kernel_shape: Sequence[int]) -> bool:
+  """Whether the convolution has at most `THIN_FEATURES` input features per
+  group, where XLA:CPU's convolution is slower than `conv_by_patches`.
+
+  CPU time of 8 models in a `lax.map` as the engine runs them, 3x3 SAME
+  kernels, 128 images, XLA against patches (`benchmarks/bench_conv_cpu.py`
+  on 2 loaded cores): forward pass (a first layer) 1 -> 16 on 28x28 maps
+  74 / 7 ms, 3 -> 64 on 32x32 87 / 70 ms, 4 -> 16 83 / 20 ms, but 8 -> 16
+  66 / 56 ms and 16 -> 32 on 14x14 43 / 54 ms; with the input gradient (a
+  later layer) 1 -> 16 158 / 54 ms, 4 -> 16 186 / 86 ms, 3 -> 64 315 /
+  333 ms, 8 -> 16 142 / 196 ms, 16 -> 32 66 / 128 ms.
+
+  Args:
+    params: the primitive's params.
+    kernel_shape: the kernel's shape.
+  """
+  _, rhs, _ = conv.dimension_numbers_of(params, len(kernel_shape))
+  return kernel_shape[rhs[1]] <= THIN_FEATURES
 
 
 def conv_by_patches(x: jax.Array, w: jax.Array, params: Params) -> jax.Array:
@@ -164,10 +193,28 @@ def transpose_input(dy: jax.Array, w: jax.Array, params: Params,
   return dx.astype(x_aval.dtype)
 
 
+def weight_gradient(x: jax.Array, dy: jax.Array, params: Params,
+                    kernel_shape) -> jax.Array:
+  """The kernel gradient of `conv_general_dilated(x, w, **params)` for `dy`.
+
+  One GEMM per feature group, patches^T times cotangents (`conv.tokens`,
+  folded back to the kernel's layout). JAX's own rule is a convolution
+  with the batch and feature axes swapped, which XLA:CPU runs 2-3x slower:
+  for pfl's CIFAR CNN (10 images, 3x3 conv 32 -> 64 on 30x30 maps) 36 ms
+  of CPU time against 13-19 ms (`benchmarks/README.md`, peers section).
+  """
+  a, d = conv.tokens(x, dy, params, kernel_shape)
+  kwargs = dict(precision=params.get("precision"),
+                preferred_element_type=params.get("preferred_element_type"))
+  return conv.fold(jnp.einsum("gmp,gmq->gpq", a, d, **kwargs), params,
+                   kernel_shape)
+
+
 def conv_with_fast_grads(x: jax.Array, w: jax.Array,
                          params: Params) -> jax.Array:
   """`conv_general_dilated(x, w, **params)`, input gradient by
-  `transpose_input` (one feature group, one batch group)."""
+  `transpose_input`, kernel gradient by `weight_gradient` (one feature
+  group, one batch group)."""
 
   @jax.custom_vjp
   def f(x, w):
@@ -178,7 +225,7 @@ def conv_with_fast_grads(x: jax.Array, w: jax.Array,
 
   def bwd(res, dy):
     x, w = res
-    dw = jax.vjp(lambda w: _conv(x, w, params), w)[1](dy)[0]
+    dw = weight_gradient(x, dy, params, w.shape).astype(w.dtype)
     return transpose_input(dy, w, params, x), dw
 
   f.defvjp(fwd, bwd)
@@ -186,7 +233,8 @@ def conv_with_fast_grads(x: jax.Array, w: jax.Array,
 
 
 def _replaces(params: Params, avals: tuple) -> bool:
-  """On XLA:CPU, every convolution with one feature and one batch group."""
+  """On XLA:CPU, every convolution with one feature and one batch group, and
+  those `slow_on_xla_cpu` with several feature groups."""
   return (jax.default_backend() == "cpu" and
           params.get("batch_group_count", 1) == 1 and
           (params.get("feature_group_count", 1) == 1 or
@@ -194,7 +242,9 @@ def _replaces(params: Params, avals: tuple) -> bool:
 
 
 def _replacement(params: Params, x: jax.Array, w: jax.Array) -> jax.Array:
-  if slow_on_xla_cpu(params, x.shape, w.shape):
+  if (slow_on_xla_cpu(params, x.shape, w.shape) or
+      params.get("feature_group_count", 1) == 1 and thin_input(params,
+                                                               w.shape)):
     return conv_by_patches(x, w, params)
   return conv_with_fast_grads(x, w, params)
 

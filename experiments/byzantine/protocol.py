@@ -1,0 +1,210 @@
+"""Issue 20's worst-case table, merged from several Byzantine grid runs.
+
+A grid run covers one data set and heterogeneity; the protocol's cells come
+from several (one per data set, per defence, or a run stopped early whose
+`rows_so_far.json` holds what finished). This module merges them and writes,
+into the results directory:
+
+  table.md      per data set, heterogeneity and Byzantine fraction: every
+                method's attack-free accuracy, its worst case over the
+                measured attacks (the attack-free run counts as one of the
+                attacker's choices, as in ByzFL) and the drop; then every
+                run's accuracy, attacks x methods.
+  summary.json  the same numbers.
+  heatmap.png   methods x attacks, one panel per cell.
+
+and rewrites the `<!-- begin: protocol -->` block of its README.md with
+table.md. A method measured without any attack is listed with its
+attack-free accuracy as an upper bound of its worst case.
+
+  python -m experiments.byzantine.protocol \
+      experiments/results/byzantine/protocol_20pct
+"""
+
+import argparse
+import glob
+import json
+import os
+import re
+
+import numpy as np
+
+from experiments import files
+from experiments import registry
+from experiments.byzantine import config
+
+_BLOCK = re.compile(r"(<!-- begin: protocol -->\n).*?(<!-- end: protocol -->)",
+                    re.S)
+
+
+def load_rows(results: str) -> list:
+  """Rows of every run under `results` (`grid.json`, else the
+  `rows_so_far.json` of a run stopped early), tagged with data set and
+  heterogeneity.
+
+  Raises:
+    ValueError: no run found, or one run measured twice with different
+      accuracies.
+  """
+  rows, seen = [], {}
+  for cfg_path in sorted(glob.glob(os.path.join(results, "*", "config.json"))):
+    run = os.path.dirname(cfg_path)
+    with open(cfg_path) as f:
+      cfg = json.load(f)["config"]
+    name = ("grid.json" if os.path.exists(os.path.join(run, "grid.json"))
+            else "rows_so_far.json")
+    if not os.path.exists(os.path.join(run, name)):
+      continue
+    with open(os.path.join(run, name)) as f:
+      for r in json.load(f)["rows"]:
+        key = (cfg["dataset"], cfg["heterogeneity"], r["fraction"],
+               cfg["rounds"], r["attack"], r["method"])
+        if key in seen and abs(seen[key] - r["accuracy"]) > 1e-9:
+          raise ValueError(f"{key} measured twice with different accuracies "
+                           f"({seen[key]}, {r['accuracy']}).")
+        if key not in seen:
+          seen[key] = r["accuracy"]
+          rows.append({**r, "dataset": cfg["dataset"],
+                       "heterogeneity": cfg["heterogeneity"],
+                       "rounds": cfg["rounds"],
+                       "source": os.path.relpath(os.path.join(run, name),
+                                                 results)})
+  if not rows:
+    raise ValueError(f"no grid results under {results}/*/")
+  return rows
+
+
+def _cell(r: dict) -> tuple:
+  return (r["dataset"], r["heterogeneity"], r["fraction"], r["rounds"])
+
+
+def cells(rows: list) -> list:
+  """(dataset, heterogeneity, fraction, rounds) of the rows, in order
+  (runs of different lengths are separate cells)."""
+  return sorted({_cell(r) for r in rows})
+
+
+def summarise(rows: list) -> list:
+  """Per cell and method: attack-free, worst case, its attack and drop."""
+  out = []
+  for cell in cells(rows):
+    here = [r for r in rows if _cell(r) == cell]
+    for m in sorted({r["method"] for r in here}):
+      runs = [r for r in here if r["method"] == m]
+      clean = [r["accuracy"] for r in runs if r["attack"] == "none"]
+      low = min(runs, key=lambda r: r["accuracy"])
+      out.append({
+          "dataset": cell[0], "heterogeneity": cell[1], "fraction": cell[2],
+          "rounds": cell[3], "method": m, "attack_free": clean[0] if clean else None,
+          "worst": low["accuracy"], "worst_attack": low["attack"],
+          "attacks": sorted(r["attack"] for r in runs if r["attack"] != "none"),
+          "drop": (round(100 * (clean[0] - low["accuracy"]), 2) if clean
+                   else None)})
+  return out
+
+
+def _pct(x):
+  return "-" if x is None else f"{100 * x:.1f}"
+
+
+def markdown(rows: list, summary: list) -> str:
+  lines = ["Worst case per method (benign mean test accuracy, %; the "
+           "attack-free run counts as one of the attacker's choices):", "",
+           "| data | clients | Byzantine | rounds | method | attack-free | "
+           "worst case (attack) | drop | attacks run |",
+           "|---|---|---:|---:|---|---:|---|---:|---:|"]
+  for s in summary:
+    worst = f"{_pct(s['worst'])} ({config.ATTACK_LABELS[s['worst_attack']]})"
+    if not s["attacks"]:
+      worst = f"<= {_pct(s['worst'])} (no attack run: upper bound)"
+    drop = "-" if s["drop"] is None else f"{s['drop']:.1f}"
+    lines.append(
+        f"| {s['dataset']} | {s['heterogeneity']} | "
+        f"{int(100 * s['fraction'])}% | {s['rounds']} | "
+        f"{registry.label(s['method'])} | "
+        f"{_pct(s['attack_free'])} | {worst} | {drop} | "
+        f"{len(s['attacks'])} |")
+  for cell in cells(rows):
+    here = {(r["attack"], r["method"]): r for r in rows if _cell(r) == cell}
+    methods = sorted({m for _, m in here})
+    attacks = [a for a in ("none",) + config.ATTACKS + config.STRONG_ATTACKS
+               if any((a, m) in here for m in methods)]
+    lines += ["", f"{cell[0]}, {cell[1]}, {int(100 * cell[2])}% Byzantine, "
+              f"{cell[3]} rounds (every run; - = not run):", "",
+              "| attack | " + " | ".join(registry.label(m) for m in methods)
+              + " |", "|---|" + "---:|" * len(methods)]
+    for a in attacks:
+      lines.append(f"| {config.ATTACK_LABELS[a]} | " + " | ".join(
+          _pct(here[(a, m)]["accuracy"]) if (a, m) in here else "-"
+          for m in methods) + " |")
+  sources = sorted({(r["source"], r["rounds"]) for r in rows})
+  lines += ["", "Files: " + ", ".join(f"[`{s}`]({s}) ({n} rounds)"
+                                      for s, n in sources) + "."]
+  return "\n".join(lines) + "\n"
+
+
+def plot(rows: list, path: str):
+  """Methods x attacks, one panel per cell."""
+  plt = files.pyplot()
+  all_cells = cells(rows)
+  attacks = [a for a in ("none",) + config.ATTACKS + config.STRONG_ATTACKS
+             if any(r["attack"] == a for r in rows)]
+  fig, axes = plt.subplots(len(all_cells), 1, squeeze=False,
+                           constrained_layout=True,
+                           figsize=(0.7 * len(attacks) + 4,
+                                    2.2 * len(all_cells) + 1.2))
+  image = None
+  for ax, cell in zip(axes[:, 0], all_cells):
+    here = {(r["attack"], r["method"]): r["accuracy"] for r in rows
+            if _cell(r) == cell}
+    methods = sorted({m for _, m in here})
+    grid = np.array([[100 * here.get((a, m), np.nan) for a in attacks]
+                     for m in methods])
+    image = ax.imshow(grid, vmin=0, vmax=100, cmap="viridis", aspect="auto")
+    for i in range(len(methods)):
+      for j in range(len(attacks)):
+        if not np.isnan(grid[i, j]):
+          ax.text(j, i, f"{grid[i, j]:.0f}", ha="center", va="center",
+                  fontsize=7, color="white" if grid[i, j] < 50 else "black")
+    ax.set_yticks(range(len(methods)))
+    ax.set_yticklabels([registry.label(m) for m in methods], fontsize=7)
+    ax.set_xticks(range(len(attacks)))
+    ax.set_xticklabels([config.ATTACK_LABELS[a] for a in attacks],
+                       rotation=40, ha="right", fontsize=7)
+    ax.set_title(f"{cell[0]}, {cell[1]}, {int(100 * cell[2])}% Byzantine, "
+                 f"{cell[3]} rounds (blank: not run)", fontsize=9)
+  fig.colorbar(image, ax=axes[:, 0].tolist(), fraction=0.03,
+               label="benign mean test accuracy (%)")
+  files.save_figure(fig, path)
+  plt.close(fig)
+
+
+def write(results: str):
+  """Writes table.md, summary.json, heatmap.png and the README block."""
+  rows = load_rows(results)
+  summary = summarise(rows)
+  text = markdown(rows, summary)
+  files.write_text(os.path.join(results, "table.md"), text)
+  files.write_json(os.path.join(results, "summary.json"),
+                   {"summary": summary})
+  plot(rows, os.path.join(results, "heatmap.png"))
+  readme = os.path.join(results, "README.md")
+  if os.path.exists(readme):
+    with open(readme) as f:
+      old = f.read()
+    files.write_text(readme, _BLOCK.sub(
+        lambda m: m.group(1) + text + m.group(2), old))
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("results", help="directory of grid runs (one per "
+                      "subdirectory)")
+  args = parser.parse_args(argv)
+  if not os.path.isdir(args.results):
+    parser.error(f"{args.results} is not a directory.")
+  write(args.results)
+
+
+if __name__ == "__main__":
+  main()

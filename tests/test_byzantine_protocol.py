@@ -1,0 +1,58 @@
+"""experiments/byzantine/protocol.py: the worst-case table merged from runs.
+
+Mutations seen to fail these tests: the worst case taken over the attacks
+alone (the attack-free run not one of the attacker's choices), a second
+measurement of a run silently kept, runs of different lengths merged into
+one cell, the README block left unrewritten.
+"""
+
+import json
+
+import pytest
+
+from experiments.byzantine import protocol
+
+
+def _run(root, name, dataset, rows, file="grid.json", rounds=60):
+  d = root / name
+  d.mkdir()
+  (d / "config.json").write_text(json.dumps({"config": {
+      "dataset": dataset, "heterogeneity": "private_label",
+      "rounds": rounds}}))
+  (d / file).write_text(json.dumps({"rows": [
+      {"fraction": 0.2, "attack": a, "method": m, "accuracy": acc}
+      for a, m, acc in rows]}))
+
+
+def test_worst_case_merges_runs_and_counts_the_attack_free_run(tmp_path):
+  _run(tmp_path, "fc", "digits", [("none", "fc", 0.80), ("alie", "fc", 0.85),
+                                  ("ipm", "fc", 0.90)])
+  _run(tmp_path, "fc_more", "digits", [("none", "fc", 0.80),
+                                       ("min_max", "fc", 0.83)],
+       file="rows_so_far.json")
+  _run(tmp_path, "base", "fashion_mnist", [("none", "global_median", 0.3)])
+  _run(tmp_path, "short", "digits", [("none", "fc", 0.70),
+                                     ("spread_edge", "fc", 0.69)], rounds=20)
+  (tmp_path / "README.md").write_text(
+      "prose\n<!-- begin: protocol -->\nstale\n<!-- end: protocol -->\n")
+  protocol.write(str(tmp_path))
+  summary = json.loads((tmp_path / "summary.json").read_text())["summary"]
+  by = {(s["dataset"], s["method"], s["rounds"]): s for s in summary}
+  fc = by[("digits", "fc", 60)]
+  assert (fc["worst"], fc["worst_attack"], fc["drop"]) == (0.80, "none", 0.0)
+  assert fc["attacks"] == ["alie", "ipm", "min_max"]
+  assert by[("fashion_mnist", "global_median", 60)]["attacks"] == []
+  short = by[("digits", "fc", 20)]  # A shorter run is a cell of its own.
+  assert (short["worst_attack"], short["drop"]) == ("spread_edge", 1.0)
+  readme = (tmp_path / "README.md").read_text()
+  assert "stale" not in readme and readme.startswith("prose\n")
+  assert "<= 30.0 (no attack run: upper bound)" in readme
+  assert "| Min-Max | 83.0 |" in readme
+  assert (tmp_path / "heatmap.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_run_measured_twice_differently_is_refused(tmp_path):
+  _run(tmp_path, "a", "digits", [("none", "fc", 0.80)])
+  _run(tmp_path, "b", "digits", [("none", "fc", 0.81)])
+  with pytest.raises(ValueError, match="measured twice"):
+    protocol.load_rows(str(tmp_path))
