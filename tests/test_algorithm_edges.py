@@ -8,6 +8,7 @@ import numpy as np
 import optax
 
 import prfl_jax as prfl
+from prfl_jax.algorithms import cluster_models
 from prfl_jax.algorithms.ditto import ditto
 from prfl_jax.algorithms.ifca import ifca
 from prfl_jax.algorithms.knn_per import knn_per_evaluate
@@ -18,6 +19,19 @@ from tests.test_momentum_clustering import shifted_quadratic
 from tests.toy import quadratic
 
 KEY = jax.random.key(0)
+
+
+def test_cosine_similarity_of_short_vectors():
+  """CFL's similarity of updates shorter than 1 (small learning rates):
+  [0.1, 0], [0, 0.1], [0.1, 0.1] and a zero row give 1 on the diagonal,
+  0 and 1/sqrt(2) off it, 0 for the zero row. Seen to fail with the norms
+  floored at 1 (`maximum(diag, 1.0)`: 0.01 on the diagonal), a change every
+  CFL test let through (their updates are longer than 1)."""
+  points = {"w": jnp.array([[0.1, 0.0], [0.0, 0.1], [0.1, 0.1], [0.0, 0.0]])}
+  r = 1.0 / np.sqrt(2.0)
+  np.testing.assert_allclose(
+      cluster_models.cosine_similarity(points),
+      [[1, 0, r, 0], [0, 1, r, 0], [r, r, 1, 0], [0, 0, 0, 0]], atol=1e-6)
 
 
 def test_momentum_clustering_momentum_weights_alpha_and_one_minus_alpha():
@@ -107,11 +121,14 @@ def test_knn_per_chooses_lambda_on_validation_not_test():
 def test_knn_per_breaks_lambda_ties_to_the_first_grid_value():
   """x = 0 is equally far from both stored points (k = 2) and the global
   model is uniform: every lambda gives the same (0.5, 0.5), a tie, and the
-  first grid value is chosen. Seen to fail with ties to the last (1.0)."""
+  first grid value is chosen; the test loss is -log(0.5 + 1e-12). Seen to
+  fail with ties to the last (1.0), and with the log's floor 1e-12 made
+  1 + 1e-12 (the loss, checked only for finiteness before, became -0.41)."""
   x = jnp.array([[0.0]])
   out = _knn((x, jnp.array([0]), 0.0), (x, jnp.array([0])), (0.0, 0.5, 1.0),
              2)
   assert float(out["lambda"]) == 0.0
+  np.testing.assert_allclose(out["loss"], np.log(2.0), rtol=1e-6)
 
 
 def test_myopic_default_separation_is_the_radius():

@@ -30,12 +30,14 @@ def test_worst_case_merges_runs_and_counts_the_attack_free_run(tmp_path):
   _run(tmp_path, "fc_more", "digits", [("none", "fc", 0.80),
                                        ("min_max", "fc", 0.83)],
        file="rows_so_far.json")
-  _run(tmp_path, "base", "fashion_mnist", [("none", "global_median", 0.3)])
+  other = tmp_path / "other"
+  other.mkdir()
+  _run(other, "base", "fashion_mnist", [("none", "global_median", 0.3)])
   _run(tmp_path, "short", "digits", [("none", "fc", 0.70),
                                      ("spread_edge", "fc", 0.69)], rounds=20)
   (tmp_path / "README.md").write_text(
       "prose\n<!-- begin: protocol -->\nstale\n<!-- end: protocol -->\n")
-  protocol.write(str(tmp_path))
+  protocol.write(str(tmp_path), also=(str(other),))
   summary = json.loads((tmp_path / "summary.json").read_text())["summary"]
   by = {(s["dataset"], s["method"], s["rounds"]): s for s in summary}
   fc = by[("digits", "fc", 60)]
@@ -48,6 +50,7 @@ def test_worst_case_merges_runs_and_counts_the_attack_free_run(tmp_path):
   assert "stale" not in readme and readme.startswith("prose\n")
   assert "<= 30.0 (no attack run: upper bound)" in readme
   assert "| Min-Max | 83.0 |" in readme
+  assert "[`other/base/grid.json`](other/base/grid.json)" in readme
   assert (tmp_path / "heatmap.png").read_bytes()[:4] == b"\x89PNG"
 
 

@@ -40,3 +40,15 @@ def test_default_split_is_80_20_per_client():
   (_, y), (_, yt) = fed.data.train, fed.data.test
   np.testing.assert_array_equal((y >= 0).sum(1), [20] * 8)
   np.testing.assert_array_equal((yt >= 0).sum(1), [5] * 8)
+
+
+def test_one_size_given_completes_the_80_20_ratio():
+  """Only `test_per_client=3`: 12 train examples per client; only
+  `train_per_client=10`: round(10 / 4) = 2 test examples (25 per client
+  available, so neither is cut). Seen to fail with `4 / test_per_client`
+  (no test gave one size alone)."""
+  kw = dict(task="none", num_clusters=2, clients_per_cluster=4)
+  fed = prfl.data.federate(make_ds(), test_per_client=3, **kw)
+  assert fed.data.train[1].shape == (8, 12) and fed.data.test[1].shape == (8, 3)
+  fed = prfl.data.federate(make_ds(), train_per_client=10, **kw)
+  assert fed.data.train[1].shape == (8, 10) and fed.data.test[1].shape == (8, 2)

@@ -18,7 +18,8 @@ table.md. A method measured without any attack is listed with its
 attack-free accuracy as an upper bound of its worst case.
 
   python -m experiments.byzantine.protocol \
-      experiments/results/byzantine/protocol_20pct
+      experiments/results/byzantine/protocol_20pct \
+      --also experiments/results/byzantine/digits_fc_defences
 """
 
 import argparse
@@ -37,17 +38,19 @@ _BLOCK = re.compile(r"(<!-- begin: protocol -->\n).*?(<!-- end: protocol -->)",
                     re.S)
 
 
-def load_rows(results: str) -> list:
-  """Rows of every run under `results` (`grid.json`, else the
-  `rows_so_far.json` of a run stopped early), tagged with data set and
-  heterogeneity.
+def load_rows(results: str, also: tuple = ()) -> list:
+  """Rows of every run under `results` and the directories `also`
+  (`grid.json`, else the `rows_so_far.json` of a run stopped early), tagged
+  with data set, heterogeneity, rounds and file (relative to `results`).
 
   Raises:
     ValueError: no run found, or one run measured twice with different
       accuracies.
   """
   rows, seen = [], {}
-  for cfg_path in sorted(glob.glob(os.path.join(results, "*", "config.json"))):
+  paths = [p for d in (results,) + tuple(also)
+           for p in sorted(glob.glob(os.path.join(d, "*", "config.json")))]
+  for cfg_path in paths:
     run = os.path.dirname(cfg_path)
     with open(cfg_path) as f:
       cfg = json.load(f)["config"]
@@ -179,9 +182,9 @@ def plot(rows: list, path: str):
   plt.close(fig)
 
 
-def write(results: str):
+def write(results: str, also: tuple = ()):
   """Writes table.md, summary.json, heatmap.png and the README block."""
-  rows = load_rows(results)
+  rows = load_rows(results, also)
   summary = summarise(rows)
   text = markdown(rows, summary)
   files.write_text(os.path.join(results, "table.md"), text)
@@ -200,10 +203,13 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("results", help="directory of grid runs (one per "
                       "subdirectory)")
+  parser.add_argument("--also", action="append", default=[],
+                      help="another directory of grid runs (repeatable)")
   args = parser.parse_args(argv)
-  if not os.path.isdir(args.results):
-    parser.error(f"{args.results} is not a directory.")
-  write(args.results)
+  for d in [args.results] + args.also:
+    if not os.path.isdir(d):
+      parser.error(f"{d} is not a directory.")
+  write(args.results, tuple(args.also))
 
 
 if __name__ == "__main__":

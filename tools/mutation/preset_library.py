@@ -39,17 +39,17 @@ AGGREGATORS = [
 
 _ATT = "prfl_jax/attacks/"
 _ATT_TESTS = (("tests/test_attacks.py",), ("tests/test_attacks_optimised.py",))
-_ALIE_TESTS = (_EDGES,) + _ATT_TESTS
+_ATT_EDGES = (("tests/test_attack_edges.py",),)
 ATTACKS = [
     Lines((_ATT + "base.py",), ("*",), _ATT_TESTS),
-    Lines((_ATT + "simple.py",), ("*",), _ALIE_TESTS),
+    Lines((_ATT + "simple.py",), ("*",), _ATT_EDGES + _ATT_TESTS),
     Lines((_ATT + "adaptive.py",), ("*",), _ATT_TESTS[::-1]),
     Lines((_ATT + "edge.py",), ("*",), _ATT_TESTS),
-    Lines((_ATT + "fang.py",), ("*",), _ATT_TESTS[::-1]),
-    Lines((_ATT + "optimised.py",), ("*",), _ATT_TESTS[::-1]),
+    Lines((_ATT + "fang.py",), ("*",), _ATT_EDGES + _ATT_TESTS[::-1]),
+    Lines((_ATT + "optimised.py",), ("*",), _ATT_EDGES + _ATT_TESTS[::-1]),
     Edit((_ATT + "simple.py",), "alie", "s = jnp.floor(n / 2 + 1) - f",
          "s = jnp.ceil(n / 2 + 1) - f",
-         "ALIE's default z rounded the other way", _ALIE_TESTS),
+         "ALIE's default z rounded the other way", _ATT_EDGES + _ATT_TESTS),
 ]
 
 _DATA = "prfl_jax/data/"
@@ -81,7 +81,7 @@ TRAIN = [
     Lines(("prfl_jax/checkpoint/store.py",), ("*",), _TRAIN_TESTS[1:]),
     Lines(("prfl_jax/checkpoint/run.py",), ("*",), _TRAIN_TESTS[::-1]),
     Lines(("prfl_jax/checkpoint/manifest.py",), ("*",), _TRAIN_TESTS[1:]),
-    Edit(("prfl_jax/train_checks.py",), "default_eval_every",
+    Edit(("prfl_jax/train_checks.py",), "resolve_eval_every",
          "math.ceil((start_round + num_rounds) / 20)",
          "math.ceil((start_round + num_rounds) / 40)",
          "the default evaluation schedule halved", _TRAIN_TESTS),

@@ -17,6 +17,12 @@ from tools.mutation.operators import Mutant
 from tools.mutation.operators import REPO
 from tools.mutation.operators import mutated_source
 
+# -n 0: in this process, where the mutated code is (setup.cfg's addopts would
+# send the tests to pytest-xdist workers). -rfE: the summary names the failing
+# test (setup.cfg's -rs lists only skips).
+PYTEST_ARGS = ("-x", "-q", "-n", "0", "-rfE", "-p", "no:cacheprovider", "-p",
+               "no:randomly")
+
 
 def _repo_files() -> List[str]:
   out = subprocess.run(
@@ -45,8 +51,7 @@ def run_tests_in_subprocess(scratch: str, tests: Sequence[str],
   env["PYTHONPATH"] = scratch
   env["PYTHONDONTWRITEBYTECODE"] = "1"
   env.setdefault("JAX_PLATFORMS", "cpu")
-  cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-n", "0", "-p",
-         "no:cacheprovider", "-p", "no:randomly", *tests]
+  cmd = [sys.executable, "-m", "pytest", *PYTEST_ARGS, *tests]
   t0 = time.perf_counter()
   try:
     proc = subprocess.run(cmd, cwd=scratch, env=env, capture_output=True,
@@ -168,10 +173,7 @@ def worker() -> int:
       signal.alarm(int(timeout))
       try:
         with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-          # -n 0: in this process, where the mutated code is (setup.cfg's
-          # addopts would send the tests to pytest-xdist workers).
-          rc = pytest.main(["-x", "-q", "-n", "0", "-p", "no:cacheprovider",
-                            "-p", "no:randomly", *tests])
+          rc = pytest.main([*PYTEST_ARGS, *tests])
       except _Timeout:
         rc, timed_out = -1, True
       finally:

@@ -1,0 +1,62 @@
+"""Edges of the attacks that every test passed through when changed: ALIE's
+default z for an odd N (issue 21's mutation audit), Fang-Krum's scale, and
+Min-Max's unit and sign directions (the mutation presets' sample)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+import prfl_jax as prfl
+from tests import test_attacks_optimised as opt_tests
+
+
+def test_alie_default_z_floors_half_n_plus_one_for_odd_n():
+  """N = 5, f = 1: s = floor(5/2 + 1) - 1 = 2, z = Phi^{-1}(3/5) = 0.2533
+  (Baruch et al.). Seen to fail with `ceil` (s = 3, z = -0.2533)."""
+  messages = jnp.array([[1.0], [2.0], [4.0], [5.0], [0.0]])
+  byzantine = jnp.array([False, False, False, False, True])
+  out = prfl.attacks.alie()(messages, byzantine, jax.random.key(0))
+  z = stats.norm.ppf(0.6)  # 0.2533
+  np.testing.assert_allclose(out[4], [3.0 - z * np.sqrt(2.5)], rtol=1e-5)
+
+
+def test_fang_krum_is_scale_equivariant():
+  """Every term of Fang et al.'s Krum attack (the distances, the norms, the
+  halving search's stop) scales with the messages, so messages shrunk 100x
+  (every norm below 1) give the attack shrunk 100x. Seen to fail with the
+  largest-norm term's mask value 0 made 1 (then the bound starts at 1 for
+  short messages), a change `test_fang_krum_gets_a_byzantine_row_picked`
+  let through (a Byzantine row is still picked)."""
+  msgs = opt_tests._messages(3)  # pylint: disable=protected-access
+  attack = prfl.attacks.fang_krum(opt_tests.F)
+  out = attack(msgs, opt_tests.BYZ, jax.random.key(0))
+  small = attack(jax.tree.map(lambda v: v / 100, msgs), opt_tests.BYZ,
+                 jax.random.key(0))
+  for name in msgs:
+    np.testing.assert_allclose(small[name], out[name] / 100, rtol=1e-4,
+                               atol=1e-7)
+
+
+@pytest.mark.parametrize("perturbation", ["unit", "sign"])
+def test_min_max_moves_along_its_unit_or_sign_perturbation(perturbation):
+  """Min-Max's other two directions (only "std" was tested):
+  `-mu / ||mu||` or `-sign(mu)`, as far as the largest benign distance
+  allows. The benign mean is made short (0.05 per coordinate): the search
+  spans gamma in (0, 20), so a unit direction reaches the bound (2.7 from
+  the mean). Seen to fail with `-mu * ||mu||` for the unit direction (length
+  0.0125: the search stops 0.25 from the mean)."""
+  msgs = opt_tests._messages(1)  # pylint: disable=protected-access
+  benign = ~np.asarray(opt_tests.BYZ)
+  msgs = jax.tree.map(lambda v: v - v[benign].mean(0) + 0.05, msgs)
+  out = opt_tests._flat(prfl.attacks.min_max(perturbation)(  # pylint: disable=protected-access
+      msgs, opt_tests.BYZ, jax.random.key(0)))
+  honest = opt_tests._flat(msgs)[~np.asarray(opt_tests.BYZ)]  # pylint: disable=protected-access
+  mu = honest.mean(0)
+  p = -mu / np.linalg.norm(mu) if perturbation == "unit" else -np.sign(mu)
+  gamma = np.dot(out[-1] - mu, p) / np.dot(p, p)
+  np.testing.assert_allclose(out[-1], mu + gamma * p, rtol=1e-4, atol=1e-4)
+  bound = ((honest[:, None] - honest[None]) ** 2).sum(-1).max()
+  gap = lambda g: ((honest - (mu + g * p)) ** 2).sum(1).max()
+  assert gap(gamma * (1 - 1e-4)) <= bound < gap(gamma * (1 + 1e-3))
