@@ -233,9 +233,7 @@ def train(algorithm: base.Algorithm, params: PyTree,
   else:
     state = initial_state
   start_round = int(sharding.to_host(state.round))
-  if eval_every is None:
-    eval_every = checks.default_eval_every(start_round, num_rounds)
-  eval_every = min(eval_every, num_rounds)
+  eval_every = checks.resolve_eval_every(eval_every, start_round, num_rounds)
 
   def evaluate(state, test):
     if eval_fn is None:
@@ -300,9 +298,7 @@ def _loop(runner, *, num_rounds: int, start_round: int,
           run_record: dict, fresh: bool, verbose: bool,
           log: Callable[[str], None]) -> TrainResult:
   """Runs the chunks, evaluates, checkpoints and logs; builds the history."""
-  if eval_every is None:
-    eval_every = checks.default_eval_every(start_round, num_rounds)
-  eval_every = min(eval_every, num_rounds)
+  eval_every = checks.resolve_eval_every(eval_every, start_round, num_rounds)
   if checkpoint_path is not None:
     checkpoint.check_writable(checkpoint_path)
     saved_rounds = checkpoint.rounds(checkpoint_path)

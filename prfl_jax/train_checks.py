@@ -7,7 +7,7 @@ algorithm (`prfl.participation.cohort`) on a `FederatedData` or on streamed
 """
 
 import math
-from typing import Any
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
@@ -20,10 +20,15 @@ from prfl_jax.data import padded
 from prfl_jax.participation import cohorts
 
 
-def default_eval_every(start_round: int, num_rounds: int) -> int:
-  """`ceil((start_round + num_rounds) / 20)`: about 20 evaluations from round
-  0, the same chunk length for a run and its resumes."""
-  return max(1, math.ceil((start_round + num_rounds) / 20))
+def resolve_eval_every(eval_every: Optional[int], start_round: int,
+                       num_rounds: int) -> int:
+  """Rounds per compiled chunk (and between evaluations) of both of `train`'s
+  paths: `eval_every`, by default `ceil((start_round + num_rounds) / 20)`
+  (about 20 evaluations from round 0, the same chunk length for a run and
+  its resumes), and never more than `num_rounds`."""
+  if eval_every is None:
+    eval_every = max(1, math.ceil((start_round + num_rounds) / 20))
+  return min(eval_every, num_rounds)
 
 
 def check_clusters(clusters: np.ndarray):

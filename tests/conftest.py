@@ -22,6 +22,9 @@ import shutil
 import tempfile
 
 import jax
+import pytest
+
+import prfl_jax as prfl
 
 os.environ.setdefault("PRFL_JAX_COMPILE_CACHE", "off")
 
@@ -48,3 +51,11 @@ def pytest_configure(config):
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
+
+@pytest.fixture(name="data")
+def fixture_data():
+  """A small linear-regression federation (Section 5.1's, 3 clusters of 2
+  clients, dimension 4, 5 examples each) for `prfl.train`'s tests."""
+  return prfl.data.synthetic_regression(jax.random.key(0), num_clusters=3,
+                                        clients_per_cluster=2, dim=4,
+                                        num_samples=5)[0]

@@ -16,13 +16,6 @@ import prfl_jax as prfl
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture(name="data")
-def fixture_data():
-  return prfl.data.synthetic_regression(jax.random.key(0), num_clusters=3,
-                                        clients_per_cluster=2, dim=4,
-                                        num_samples=5)[0]
-
-
 def test_synthetic_federation_matches_section_5_1():
   data, x_star = prfl.data.synthetic_regression(
       jax.random.key(1), num_clusters=4, clients_per_cluster=16)

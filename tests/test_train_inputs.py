@@ -11,14 +11,7 @@ import optax
 import pytest
 
 import prfl_jax as prfl
-from prfl_jax.train_checks import default_eval_every
-
-
-@pytest.fixture(name="data")
-def fixture_data():
-  return prfl.data.synthetic_regression(jax.random.key(0), num_clusters=2,
-                                        clients_per_cluster=3, dim=3,
-                                        num_samples=4)[0]
+from prfl_jax.train_checks import resolve_eval_every
 
 
 def _local():
@@ -63,17 +56,29 @@ def test_default_eval_every_counts_rounds_from_round_zero(data):
   rounds left always did). Seen to fail when the default is halved
   (`ceil(R / 40)`).
   """
-  fresh = prfl.train(_local(), jnp.zeros((6, 3)), data, num_rounds=30, **_KW)
+  fresh = prfl.train(_local(), jnp.zeros((6, 4)), data, num_rounds=30, **_KW)
   np.testing.assert_array_equal(fresh.history["eval_round"],
                                 np.arange(0, 31, 2))
-  half = prfl.train(_local(), jnp.zeros((6, 3)), data, num_rounds=24, **_KW)
+  half = prfl.train(_local(), jnp.zeros((6, 4)), data, num_rounds=24, **_KW)
   resumed = prfl.train(_local(), None, data, num_rounds=6,
                        initial_state=half.state, **_KW)
   np.testing.assert_array_equal(resumed.history["eval_round"],
                                 [24, 26, 28, 30])
   np.testing.assert_array_equal(resumed.state.params, fresh.state.params)
-  assert [default_eval_every(0, r) for r in (1, 20, 21, 300)] == [1, 1, 2, 15]
-  assert default_eval_every(280, 20) == 15
+  assert [resolve_eval_every(None, 0, r) for r in (1, 20, 21, 300)] == [
+      1, 1, 2, 15]
+  assert resolve_eval_every(None, 280, 20) == 15
+
+
+def test_eval_every_is_capped_at_the_rounds_left():
+  """One helper gives both of `train`'s paths (dense chunks and the cohort
+  loop) their chunk length: the given `eval_every` or the default, at most
+  the rounds to run. Seen to fail when the cap (`min(..., num_rounds)`) is
+  dropped."""
+  assert resolve_eval_every(5, 0, 3) == 3
+  assert resolve_eval_every(4, 10, 6) == 4
+  assert resolve_eval_every(None, 0, 1) == 1
+  assert resolve_eval_every(None, 380, 2) == 2  # Default 20, 2 rounds left.
 
 
 @pytest.mark.parametrize("mask, error, match", [
@@ -86,7 +91,7 @@ def test_byzantine_mask_values_are_checked(data, mask, error, match):
   0.2 and 5 became True and every non-empty string (also "no") made its
   client Byzantine."""
   with pytest.raises(error, match=match):
-    prfl.train(_local(), jnp.zeros((6, 3)), data, num_rounds=1,
+    prfl.train(_local(), jnp.zeros((6, 4)), data, num_rounds=1,
                byzantine=np.asarray(mask), **_KW)
 
 
@@ -103,7 +108,7 @@ def test_initial_state_of_another_algorithm_is_refused(data):
   """Local's state (params, opt_state, byzantine, round) has FedAvg's fields:
   failed before the fix (FedAvg resumed from it silently); and a state built
   with another optimizer is refused, naming the structures."""
-  local_state = _local().init(jnp.zeros((6, 3)))
+  local_state = _local().init(jnp.zeros((6, 4)))
   fedavg = prfl.algorithms.fedavg(prfl.data.regression_loss, optax.sgd(1e-2))
   with pytest.raises(TypeError, match="LocalState.*FedAvgState"):
     prfl.train(fedavg, None, data, num_rounds=1, initial_state=local_state,
@@ -114,11 +119,11 @@ def test_initial_state_of_another_algorithm_is_refused(data):
                **_KW)
   momentum = prfl.algorithms.local(prfl.data.regression_loss,
                                   optax.sgd(1e-2, momentum=0.9))
-  state = momentum.init(jnp.zeros((6, 3)))
+  state = momentum.init(jnp.zeros((6, 4)))
   state = state._replace(opt_state=jax.tree.map(
       lambda x: x.astype(jnp.float16), state.opt_state))
-  with pytest.raises(ValueError, match=r"trace` is float16\[6, 3\], but "
-                     r"`algorithm` builds float32\[6, 3\]"):
+  with pytest.raises(ValueError, match=r"trace` is float16\[6, 4\], but "
+                     r"`algorithm` builds float32\[6, 4\]"):
     prfl.train(momentum, None, data, num_rounds=1, initial_state=state, **_KW)
 
 
@@ -126,7 +131,7 @@ def test_every_client_byzantine_reports_nan_not_zero(data):
   """With no benign client the loss and the evaluation are NaN. Failed before
   the fix: `benign_mean` divided by max(count, 1) and read 0.0, a perfect
   score."""
-  r = prfl.train(_local(), jnp.zeros((6, 3)), data, num_rounds=2,
+  r = prfl.train(_local(), jnp.zeros((6, 4)), data, num_rounds=2,
                  byzantine=np.ones(6, bool), eval_fn=prfl.data.regression_eval,
                  **_KW)
   assert np.isnan(r.history["train/loss"]).all()
@@ -150,14 +155,14 @@ def test_non_finite_data_is_refused_naming_leaf_and_clients(
   bad = data._replace(**{part: tree})
   with pytest.raises(ValueError,
                      match=rf"data\.{part}\['{leaf}'\]. .*clients \[1, 4\]"):
-    prfl.train(_local(), jnp.zeros((6, 3)), bad, num_rounds=1, **_KW)
+    prfl.train(_local(), jnp.zeros((6, 4)), bad, num_rounds=1, **_KW)
 
 
 def test_zero_examples_per_client_is_refused(data):
   """Failed before the fix: a ZeroDivisionError from inside JAX's tracing."""
   empty = data._replace(train=jax.tree.map(lambda x: x[:, :0], data.train))
   with pytest.raises(ValueError, match="0 examples per client"):
-    prfl.train(_local(), jnp.zeros((6, 3)), empty, num_rounds=1, **_KW)
+    prfl.train(_local(), jnp.zeros((6, 4)), empty, num_rounds=1, **_KW)
 
 
 def _cohort():
@@ -171,9 +176,9 @@ def test_cohort_runs_check_the_data_and_the_key(data):
   x[1, 0, 0] = np.nan
   bad = data._replace(train=dict(data.train, a=jnp.asarray(x)))
   with pytest.raises(ValueError, match=r"data\.train\['a'\]. .*clients \[1\]"):
-    prfl.train(_cohort(), jnp.zeros((6, 3)), bad, num_rounds=1, **_KW)
+    prfl.train(_cohort(), jnp.zeros((6, 4)), bad, num_rounds=1, **_KW)
   with pytest.raises(TypeError, match="`key` must be a PRNG key"):
-    prfl.train(_cohort(), jnp.zeros((6, 3)), data, num_rounds=1,
+    prfl.train(_cohort(), jnp.zeros((6, 4)), data, num_rounds=1,
                key=np.arange(2.0), verbose=False)
 
 
@@ -186,11 +191,11 @@ def test_padding_rows_may_hold_nan(data):
   counts = jnp.full((6,), 3, jnp.int32)
   padded = data._replace(train=dict(data.train, a=jnp.asarray(x)),
                          num_examples=counts)
-  r = prfl.train(_local(), jnp.zeros((6, 3)), padded, num_rounds=2,
+  r = prfl.train(_local(), jnp.zeros((6, 4)), padded, num_rounds=2,
                  batch_size=2, **_KW)
   assert np.isfinite(r.state.params).all()
   with pytest.raises(ValueError, match=r"clients \[0, 1, 2, 3, 4, 5\]"):
-    prfl.train(_local(), jnp.zeros((6, 3)), padded._replace(
+    prfl.train(_local(), jnp.zeros((6, 4)), padded._replace(
         num_examples=counts.at[:].set(4)), num_rounds=1, **_KW)
 
 
@@ -200,13 +205,13 @@ def test_cohort_resume_is_checked(data):
   fix (91bdebb): a plain LocalState crashed inside the driver with an
   AttributeError ('LocalState' object has no attribute 'clients')."""
   alg = _cohort()
-  state = alg.init(jnp.zeros((6, 3)), byzantine=np.arange(6) == 5)
+  state = alg.init(jnp.zeros((6, 4)), byzantine=np.arange(6) == 5)
   with pytest.raises(TypeError, match="builds a CohortState"):
     prfl.train(alg, None, data, num_rounds=1,
-               initial_state=_local().init(jnp.zeros((6, 3))), **_KW)
+               initial_state=_local().init(jnp.zeros((6, 4))), **_KW)
   with pytest.raises(ValueError, match="has 4 clients but `data` has 6"):
     prfl.train(alg, None, data, num_rounds=1,
-               initial_state=alg.init(jnp.zeros((4, 3))), **_KW)
+               initial_state=alg.init(jnp.zeros((4, 4))), **_KW)
   adam = prfl.participation.cohort(
       prfl.algorithms.local(prfl.data.regression_loss, optax.adam(1e-2)),
       cohort_size=2)
@@ -223,7 +228,7 @@ def test_cohort_checkpoint_records_the_run(data, tmp_path):
   path saved no run record, so a resume with another key went on."""
   alg = _cohort()
   path = str(tmp_path / "ckpt")
-  first = prfl.train(alg, jnp.zeros((6, 3)), data, num_rounds=24,
+  first = prfl.train(alg, jnp.zeros((6, 4)), data, num_rounds=24,
                      batch_size=2, checkpoint_path=path, **_KW)
   state = prfl.checkpoint.restore(path, first.state)
   with pytest.raises(ValueError, match="key"):

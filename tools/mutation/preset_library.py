@@ -81,7 +81,7 @@ TRAIN = [
     Lines(("prfl_jax/checkpoint/store.py",), ("*",), _TRAIN_TESTS[1:]),
     Lines(("prfl_jax/checkpoint/run.py",), ("*",), _TRAIN_TESTS[::-1]),
     Lines(("prfl_jax/checkpoint/manifest.py",), ("*",), _TRAIN_TESTS[1:]),
-    Edit(("prfl_jax/train_checks.py",), "default_eval_every",
+    Edit(("prfl_jax/train_checks.py",), "resolve_eval_every",
          "math.ceil((start_round + num_rounds) / 20)",
          "math.ceil((start_round + num_rounds) / 40)",
          "the default evaluation schedule halved", _TRAIN_TESTS),
