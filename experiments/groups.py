@@ -44,9 +44,15 @@ class Data:
 
 
 @dataclasses.dataclass(frozen=True)
-class Federation:
-  """The clustered federation: K true clusters of clients."""
+class Clusters:
+  """How many true clusters (`experiments.theorem2` needs no more of the
+  federation)."""
   clusters: int = option(4, "true clusters K", low=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Federation(Clusters):
+  """The clustered federation: K true clusters of clients."""
   clients_per_cluster: Optional[int] = option(
       None, "clients per cluster (auto: by data set)", low=1)
   train_per_client: Optional[int] = option(
@@ -94,11 +100,17 @@ class Thresholding:
 
 
 @dataclasses.dataclass(frozen=True)
-class Clustering(Thresholding):
-  """Threshold-Clustering inside FC, Myopic- and Momentum-Clustering."""
+class Radius:
+  """The radius as a quantile (`experiments.theorem2` and
+  `experiments.momentum_variants` need no more of the clustering)."""
   quantile: float = option(0.2, "radius: this quantile of the distances to "
                            "the centre (the paper's 20th percentile)", low=0,
                            high=1, low_open=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Clustering(Thresholding, Radius):
+  """Threshold-Clustering inside FC, Myopic- and Momentum-Clustering."""
   groups: Optional[int] = option(
       None, "FC's random subgroups per round (auto: N / 18.75, the paper's "
       "16 at N = 300)", low=1)

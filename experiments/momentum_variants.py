@@ -5,12 +5,14 @@ beside them) on one federation and writes every round's clustering
 diagnostics (`prfl_jax.diagnostics`: active clusters, distinct centres, ARI,
 purity, effective count, ...) and the evaluation curves:
 
-  python -m experiments.momentum_variants --data fashion_mnist \\
-      --task rotation --clients-per-cluster 25 --rounds 100 \\
+  python -m experiments.momentum_variants \\
+      --config experiments/configs/momentum_variants/fashion_rotation.toml \\
       --out experiments/results/momentum_clustering/fashion_rotation
+  python -m experiments.momentum_variants --smoke    # seconds
 
-`results.json` (config, per-variant curves and final values), `summary.csv`
-(one row per variant) and `curves.png` (accuracy or error, active clusters,
+Writes `config.json` (first, with versions and backend), `results.json`
+(config, per-variant curves and final values), `summary.csv` (one row per
+variant) and `curves.png` (accuracy or error, active clusters,
 ARI, purity over the rounds). The Fashion-MNIST federation, MLP, batch 32,
 lr 0.1 and momentum 0.9 are Table 1's (`experiments/configs/mnist/`);
 Momentum-Clustering steps lr / alpha with alpha = 1 - momentum, as the
@@ -18,7 +20,7 @@ registry's `mc`. The synthetic federation is Figure 3's linear regression
 (K = 4, d = 10, full-batch gradients).
 """
 
-import argparse
+import dataclasses
 import os
 import time
 
@@ -28,8 +30,12 @@ import numpy as np
 import optax
 
 import prfl_jax as prfl
+from experiments import cli
 from experiments import files
+from experiments import groups
+from experiments import options
 from experiments import training
+from experiments.options import group, option
 
 # name -> momentum_clustering keyword arguments (beyond the paper: all but
 # "paper"; "default" is the library's default).
@@ -50,53 +56,67 @@ CURVES = ("num_active_clusters", "distinct_centers", "ari", "nmi", "purity",
           "grad_norm", "error")
 
 
-def parse(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--data", default="fashion_mnist",
-                 choices=("fashion_mnist", "digits", "synthetic"))
-  p.add_argument("--task", default="rotation",
-                 choices=("rotation", "private_label"))
-  p.add_argument("--clients-per-cluster", type=int, default=25)
-  p.add_argument("--rounds", type=int, default=100)
-  p.add_argument("--variants", default="paper,default,myopic,oracle",
-                 help="comma-separated: " + ", ".join(
-                     tuple(VARIANTS) + BASELINES))
-  p.add_argument("--quantile", type=float, default=0.2,
-                 help="radius quantile of the paper-literal variants and "
-                 "Myopic-Clustering (the paper's 20th percentile)")
-  p.add_argument("--assigned-quantile", type=float, default=0.95,
-                 help="radius quantile of the 'assigned' variants: over a "
-                 "centre's own clients")
-  p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--out", required=True)
-  args = p.parse_args(argv)
-  names = args.variants.split(",")
-  unknown = [v for v in names if v not in VARIANTS and v not in BASELINES]
-  if unknown:
-    p.error(f"--variants: unknown {unknown}; known: "
-            f"{', '.join(tuple(VARIANTS) + BASELINES)}")
-  for name in ("quantile", "assigned_quantile"):
-    if not 0.0 < getattr(args, name) <= 1.0:
-      p.error(f"--{name.replace('_', '-')} must be in (0, 1]")
-  if args.rounds < 1 or args.clients_per_cluster < 2:
-    p.error("--rounds must be >= 1 and --clients-per-cluster >= 2")
-  return args, names
 
 
-def federation(args):
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """Every option of the comparison (defaults: the Fashion-MNIST run's)."""
+  run: groups.Run = group(groups.Run)
+  federation: groups.Federation = group(groups.Federation,
+                                        clients_per_cluster=25)
+  schedule: groups.Schedule = group(groups.Schedule, rounds=100)
+  clustering: groups.Radius = group(groups.Radius)
+  data: str = option("fashion_mnist", "the federation's data (synthetic: "
+                     "Figure 3's linear regression, d = 10, full batches)",
+                     choices=("fashion_mnist", "digits", "synthetic"))
+  task: str = option("rotation", "how the clusters differ (image data)",
+                     choices=("rotation", "private_label"))
+  variants: tuple[str, ...] = option(
+      ("paper", "default", "myopic", "oracle"), "comma-separated variants "
+      "and baselines", choices=tuple(VARIANTS) + BASELINES)
+  assigned_quantile: float = option(
+      0.95, "radius quantile of the 'assigned' variants: over a centre's "
+      "own clients", low=0, high=1, low_open=True)
+
+
+def resolve(cfg: Config) -> Config:
+  """Checks the options together and fills in the output directory.
+
+  Raises:
+    ValueError: naming the option.
+  """
+  if (cfg.federation.clients_per_cluster or 0) < 2:
+    raise ValueError("--clients-per-cluster must be at least 2 (a cluster "
+                     f"of one has no distances), got "
+                     f"{cfg.federation.clients_per_cluster}.")
+  if cfg.data == "synthetic":
+    for name in ("train_per_client", "test_per_client"):
+      if getattr(cfg.federation, name) is not None:
+        raise ValueError(f"--{name.replace('_', '-')} sets image "
+                         "federations; the synthetic one has 9 samples per "
+                         "client.")
+  return options.replace(cfg, out=cfg.run.out or os.path.join(
+      "results", "momentum_variants", *(["smoke"] if cfg.run.smoke else [])))
+
+
+def federation(cfg: Config):
   """`(data, params, loss_fn, eval_fn, byzantine, lr, momentum, batch)`."""
-  key = jax.random.key(args.seed)
-  if args.data == "synthetic":
+  key = jax.random.key(cfg.run.seed)
+  k = cfg.federation.clusters
+  if cfg.data == "synthetic":
     data, _ = prfl.data.synthetic_regression(
-        key, num_clusters=4, clients_per_cluster=args.clients_per_cluster)
+        key, num_clusters=k,
+        clients_per_cluster=cfg.federation.clients_per_cluster)
     n = data.clusters.shape[0]
     return (data, jnp.zeros((n, 10)), prfl.data.regression_loss,
             prfl.data.regression_eval, None, 0.004, 0.9, None)
   ds = prfl.data.load_dataset(
-      args.data, split="train" if args.data == "digits" else "train+test")
-  fed = prfl.data.federate(ds, task=args.task, num_clusters=4,
-                           clients_per_cluster=args.clients_per_cluster,
-                           seed=args.seed)
+      cfg.data, split="train" if cfg.data == "digits" else "train+test")
+  fed = prfl.data.federate(
+      ds, task=cfg.task, num_clusters=k,
+      clients_per_cluster=cfg.federation.clients_per_cluster,
+      train_per_client=cfg.federation.train_per_client,
+      test_per_client=cfg.federation.test_per_client, seed=cfg.run.seed)
   model = training.mlp(int(np.prod(ds.images.shape[1:])), 200,
                        ds.num_classes)
   init_key, _ = jax.random.split(key)
@@ -106,37 +126,43 @@ def federation(args):
           fed.byzantine, 0.1, 0.9, 32)
 
 
-def build(name, args, loss_fn, truth, lr, momentum):
+def build(name, cfg: Config, loss_fn, truth, lr, momentum):
   alpha = 1.0 - momentum
   if name == "oracle":
     return prfl.algorithms.oracle(loss_fn, optax.sgd(lr, momentum=momentum),
                                   clusters=truth)
   if name == "myopic":
     return prfl.algorithms.myopic_clustering(
-        loss_fn, optax.sgd(lr, momentum=momentum), num_clusters=4,
-        radius=prfl.quantile_radius(args.quantile), method="gram",
+        loss_fn, optax.sgd(lr, momentum=momentum),
+        num_clusters=cfg.federation.clusters,
+        radius=prfl.quantile_radius(cfg.clustering.quantile), method="gram",
         true_clusters=truth)
   kw = VARIANTS[name]
-  q = (args.quantile if kw.get("balls") == "all" else args.assigned_quantile)
+  q = (cfg.clustering.quantile if kw.get("balls") == "all" else
+       cfg.assigned_quantile)
   return prfl.algorithms.momentum_clustering(
-      loss_fn, optax.sgd(lr / alpha), num_clusters=4,
+      loss_fn, optax.sgd(lr / alpha), num_clusters=cfg.federation.clusters,
       radius=prfl.quantile_radius(q), alpha=alpha, method="gram",
       true_clusters=truth, **kw)
 
 
-def main(argv=None):
-  args, names = parse(argv)
-  data, params, loss_fn, eval_fn, byz, lr, momentum, batch = federation(args)
+def run(cfg: Config, prepared, tracker, command: str = ""):
+  """Every variant on the federation `prepared` (`federation(cfg)`); writes
+  results.json, summary.csv and curves.png."""
+  del command  # In config.json.
+  data, params, loss_fn, eval_fn, byz, lr, momentum, batch = prepared
+  names, rounds = cfg.variants, cfg.schedule.rounds
   truth = np.asarray(data.clusters)
-  metric = "error" if args.data == "synthetic" else "accuracy"
+  metric = "error" if cfg.data == "synthetic" else "accuracy"
   runs, rows = {}, []
   start = time.perf_counter()
   for i, name in enumerate(names):
     t0 = time.perf_counter()
-    r = prfl.train(build(name, args, loss_fn, truth, lr, momentum), params,
-                   data, num_rounds=args.rounds,
-                   key=jax.random.key(args.seed + 1), batch_size=batch,
-                   eval_fn=eval_fn, eval_every=max(1, args.rounds // 20),
+    r = prfl.train(build(name, cfg, loss_fn, truth, lr, momentum), params,
+                   data, num_rounds=rounds,
+                   key=jax.random.key(cfg.run.seed + 1), batch_size=batch,
+                   eval_fn=eval_fn, eval_every=cfg.schedule.eval_every or
+                   max(1, rounds // 20),
                    byzantine=byz, verbose=False)
     h = r.history
     curves = {k: np.asarray(h[f"train/{k}"]).tolist() for k in CURVES
@@ -144,7 +170,7 @@ def main(argv=None):
     runs[name] = {"curves": curves, "eval_round": h["eval_round"],
                   f"eval_{metric}": np.asarray(h[f"eval/{metric}"]).tolist(),
                   "seconds": time.perf_counter() - t0}
-    tail = max(1, args.rounds // 10)
+    tail = max(1, rounds // 10)
     row = {"variant": name, metric: round(float(h[f"eval/{metric}"][-1]), 4)}
     for k in ("num_active_clusters", "distinct_centers", "ari", "purity",
               "effective_count"):
@@ -152,17 +178,20 @@ def main(argv=None):
         row[f"{k}_tail"] = round(float(np.mean(curves[k][-tail:])), 3)
     row["seconds"] = round(runs[name]["seconds"], 1)
     rows.append(row)
-    print(f"[{i + 1}/{len(names)}] {name}: {row} "
-          f"(load {os.getloadavg()[0]:.1f})", flush=True)
-  files.write_json(os.path.join(args.out, "results.json"), {
-      "config": vars(args), "variants": {n: VARIANTS.get(n, {}) for n in
-                                         names},
+    tracker.log(f"[{i + 1}/{len(names)}] {name}: {row} "
+                f"(load {os.getloadavg()[0]:.1f})")
+  out = cfg.run.out
+  files.write_json(os.path.join(out, "results.json"), {
+      "config": options.to_dict(cfg),
+      "variants": {n: VARIANTS.get(n, {}) for n in names},
       "seconds": time.perf_counter() - start, "load_end": os.getloadavg(),
       "runs": runs})
-  files.write_csv(os.path.join(args.out, "summary.csv"), rows)
-  plot(runs, metric, os.path.join(args.out, "curves.png"),
-       f"Momentum-Clustering variants: {args.data} {args.task if batch else ''}"
-       f" N={4 * args.clients_per_cluster}")
+  files.write_csv(os.path.join(out, "summary.csv"), rows)
+  if cfg.run.plots:
+    plot(runs, metric, os.path.join(out, "curves.png"),
+         f"Momentum-Clustering variants: {cfg.data} "
+         f"{cfg.task if batch else ''} N={len(truth)}")
+  return rows
 
 
 def plot(runs, metric, path, title):
@@ -179,6 +208,12 @@ def plot(runs, metric, path, title):
   axes[0].legend(fontsize=7)
   fig.suptitle(title)
   files.save_figure(fig, path)
+
+
+EXPERIMENT = cli.Experiment("momentum_variants", __doc__, Config, resolve,
+                            federation, run)
+
+main = EXPERIMENT.main
 
 
 if __name__ == "__main__":

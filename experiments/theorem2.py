@@ -26,14 +26,18 @@ rounds are the T-round run with that step, so one run of the largest T per
 (n_i, learning rate) gives every T: the average over its first T rounds. Each
 n_i's learning-rate grid is one XLA program (`prfl.sweep`).
 
-  python -m experiments.theorem2 --out experiments/results/theorem2
+  python -m experiments.theorem2 \\
+      --config experiments/configs/theorem2/rate.toml \\
+      --out experiments/results/theorem2
+  python -m experiments.theorem2 --smoke          # seconds
 
-Writes `results.json` (every grid point's running average), `summary.csv`
-(the best learning rate per (algorithm, n_i, T)), `rate.png` (log-log, with
-the fitted slopes) to `--out`.
+Writes `config.json` (first, with versions and backend),
+`results.json` (every grid point's running average), `summary.csv` (the
+best learning rate per (algorithm, n_i, T)), `rate.png` (log-log, with the
+fitted slopes) to `--out`.
 """
 
-import argparse
+import dataclasses
 import os
 import time
 
@@ -43,91 +47,82 @@ import numpy as np
 import optax
 
 import prfl_jax as prfl
+from experiments import cli
 from experiments import files
+from experiments import groups
+from experiments import options
+from experiments.options import group, option
 
 # fc: the theorem's fixed radius tau; fc_quantile: the experiments' radius
 # (a quantile of the distances); oracle: the exact cluster average.
 ALGORITHMS = ("fc", "fc_quantile", "oracle")
 
 
-def parse(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--clients", default="4,8,16,32,64",
-                 help="comma-separated n_i (clients per cluster)")
-  p.add_argument("--horizons", default="125,250,500,1000,2000",
-                 help="comma-separated T; the largest is the run's length")
-  p.add_argument("--clusters", type=int, default=4, help="K")
-  p.add_argument("--sigma", type=float, default=1.0,
-                 help="gradient noise: E ||g_i - grad f_i||^2 = sigma^2")
-  p.add_argument("--start-distance", type=float, default=0.01,
-                 help="every model starts at its cluster's optimum plus a "
-                 "random vector of this norm (the noise-dominated regime "
-                 "needs a small initial gradient, below sigma)")
-  p.add_argument("--separation", type=float, default=5.0,
-                 help="the cluster optima x*_k are scaled by this factor "
-                 "(Delta grows with it; the theorem asks Delta >~ sigma)")
-  p.add_argument("--lrs", type=int, default=10,
-                 help="learning rates in each grid (a factor sqrt(2) apart)")
-  p.add_argument("--lr-max", type=float, default=0.008,
-                 help="largest learning rate (below 1 / L of the stiffest "
-                 "cluster)")
-  p.add_argument("--algorithms", default="fc,oracle",
-                 help="comma-separated, from " + ", ".join(ALGORITHMS))
-  p.add_argument("--radius", type=float, default=2.0,
-                 help="fc's fixed radius tau (the theorem's choice: above a "
-                 "cluster's noise spread sigma, below the separation)")
-  p.add_argument("--quantile", type=float, default=0.2,
-                 help="fc_quantile's radius quantile (below one cluster's "
-                 "share 1/K)")
-  p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--out", required=True)
-  args = p.parse_args(argv)
-  try:
-    args.clients = tuple(int(v) for v in args.clients.split(","))
-    args.horizons = tuple(sorted(int(v) for v in args.horizons.split(",")))
-  except ValueError:
-    p.error("--clients and --horizons take comma-separated integers")
-  args.algorithms = tuple(args.algorithms.split(","))
-  unknown = [a for a in args.algorithms if a not in ALGORITHMS]
-  if unknown:
-    p.error(f"--algorithms: unknown {unknown}; known: {', '.join(ALGORITHMS)}")
-  if min(args.clients) < 1 or min(args.horizons) < 1:
-    p.error("--clients and --horizons must be >= 1")
-  if args.clusters < 1 or args.lrs < 1:
-    p.error("--clusters and --lrs must be >= 1")
-  for name in ("sigma", "lr_max", "start_distance", "separation", "radius"):
-    if getattr(args, name) <= 0:
-      p.error(f"--{name.replace('_', '-')} must be > 0")
-  if not 0.0 < args.quantile <= 1.0:
-    p.error("--quantile must be in (0, 1]")
-  os.makedirs(args.out, exist_ok=True)
-  if not os.access(args.out, os.W_OK):
-    p.error(f"--out: {args.out} is not writable")
-  return args
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """Every option of the rate measurement (defaults: the committed run's but
+  for `--clients`, which adds 64)."""
+  run: groups.Run = group(groups.Run)
+  federation: groups.Clusters = group(groups.Clusters)
+  clustering: groups.Radius = group(groups.Radius)
+  clients: tuple[int, ...] = option(
+      (4, 8, 16, 32, 64), "comma-separated n_i (clients per cluster)", low=1)
+  horizons: tuple[int, ...] = option(
+      (125, 250, 500, 1000, 2000), "comma-separated T; the largest is the "
+      "run's length", low=1)
+  sigma: float = option(1.0, "gradient noise: E ||g_i - grad f_i||^2 = "
+                        "sigma^2", low=0, low_open=True)
+  start_distance: float = option(
+      0.01, "every model starts at its cluster's optimum plus a random "
+      "vector of this norm (the noise-dominated regime needs a small initial "
+      "gradient, below sigma)", low=0, low_open=True)
+  separation: float = option(
+      5.0, "the cluster optima x*_k are scaled by this factor (Delta grows "
+      "with it; the theorem asks Delta >~ sigma)", low=0, low_open=True)
+  num_lrs: int = option(10, "learning rates in each grid (a factor sqrt(2) "
+                        "apart)", low=1)
+  lr_max: float = option(0.008, "largest learning rate (below 1 / L of the "
+                         "stiffest cluster)", low=0, low_open=True)
+  methods: tuple[str, ...] = option(("fc", "oracle"), "what runs: FC with "
+                                    "the theorem's fixed radius, FC with the "
+                                    "quantile radius, the ground truth",
+                                    choices=ALGORITHMS)
+  radius: float = option(
+      2.0, "fc's fixed radius tau (the theorem's choice: above a cluster's "
+      "noise spread sigma, below the separation)", low=0, low_open=True)
 
 
-def federation(args, n_i: int):
+def resolve(cfg: Config) -> Config:
+  """The horizons in order, the output directory filled in."""
+  return options.replace(
+      cfg, horizons=tuple(sorted(cfg.horizons)), out=cfg.run.out or
+      os.path.join("results", "theorem2",
+                   *(["smoke"] if cfg.run.smoke else [])))
+
+
+def federation(cfg: Config, n_i: int):
   """Figure 3's federation with its optima scaled by `--separation`, and the
   `[N, d]` starting models at `--start-distance` from them.
 
   Every n_i takes the first n_i clients of each cluster of one federation of
   `max(--clients)` per cluster, so a larger cluster only adds clients (the
   n_i points do not differ by their data draws)."""
-  data_key, start_key = jax.random.split(jax.random.key(args.seed))
-  most = max(args.clients)
+  k = cfg.federation.clusters
+  data_key, start_key = jax.random.split(jax.random.key(cfg.run.seed))
+  most = max(cfg.clients)
   data = prfl.data.synthetic_regression(
-      data_key, num_clusters=args.clusters, clients_per_cluster=most)[0]
-  keep = (np.arange(args.clusters)[:, None] * most +
+      data_key, num_clusters=k, clients_per_cluster=most)[0]
+  keep = (np.arange(k)[:, None] * most +
           np.arange(n_i)[None]).ravel()
-  s = args.separation
+  s = cfg.separation
   x_star = s * data.test["x_star"][keep]
   data = data._replace(
       train={"a": data.train["a"][keep], "y": s * data.train["y"][keep]},
       test={"x_star": x_star}, clusters=data.clusters[keep])
-  u = jax.random.normal(start_key, (args.clusters * most,
+  u = jax.random.normal(start_key, (k * most,
                                     x_star.shape[1]))[keep]
   u = u / jnp.linalg.norm(u, axis=1, keepdims=True)
-  return data, x_star + args.start_distance * u
+  return data, x_star + cfg.start_distance * u
 
 
 def noisy_loss(params, batch):
@@ -137,12 +132,12 @@ def noisy_loss(params, batch):
                                                             batch["xi"])
 
 
-def build(name: str, lr, args, clusters):
+def build(name: str, lr, cfg: Config, clusters):
   opt = optax.sgd(lr)
   if name == "oracle":
     return prfl.algorithms.oracle(noisy_loss, opt, clusters=clusters)
-  radius = (args.radius if name == "fc" else
-            prfl.quantile_radius(args.quantile))
+  radius = (cfg.radius if name == "fc" else
+            prfl.quantile_radius(cfg.clustering.quantile))
   return prfl.algorithms.federated_clustering(noisy_loss, opt, radius=radius,
                                               num_iters=10)
 
@@ -158,20 +153,20 @@ def with_grad_norm(alg, train):
   return alg._replace(step=step)
 
 
-def run_grid(args, name: str, n_i: int, lrs: np.ndarray) -> np.ndarray:
+def run_grid(cfg: Config, name: str, n_i: int, lrs: np.ndarray) -> np.ndarray:
   """`[L, T]` per-round mean squared gradient norm of every learning rate."""
-  data, params = federation(args, n_i)
+  data, params = federation(cfg, n_i)
   n, dim = params.shape
-  scale = args.sigma / np.sqrt(dim)
+  scale = cfg.sigma / np.sqrt(dim)
 
   def sampler(key):
     return {**data.train, "xi": scale * jax.random.normal(key, (n, dim))}
 
   make = lambda hp: with_grad_norm(
-      build(name, hp["lr"], args, data.clusters), data.train)
-  keys = jnp.stack([jax.random.key(args.seed + 1)] * len(lrs))
+      build(name, hp["lr"], cfg, data.clusters), data.train)
+  keys = jnp.stack([jax.random.key(cfg.run.seed + 1)] * len(lrs))
   out = jax.jit(lambda h, k: prfl.sweep.sweep(
-      make, h, params, sampler, max(args.horizons), keys=k))(
+      make, h, params, sampler, max(cfg.horizons), keys=k))(
           {"lr": jnp.asarray(lrs, jnp.float32)}, keys)
   return np.asarray(out.metrics["grad_sq"])
 
@@ -201,26 +196,26 @@ def fit_slopes(rows: list) -> dict:
           "rms_residual": float(np.sqrt(np.mean(resid ** 2)))}
 
 
-def plot(rows: list, fits: dict, args, path: str):
+def plot(rows: list, fits: dict, cfg: Config, path: str):
   plt = files.pyplot()
   fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
   styles = {"fc": "-o", "fc_quantile": ":^", "oracle": "--s"}
-  for name in args.algorithms:
+  for name in cfg.methods:
     mine = [r for r in rows if r["algorithm"] == name]
     f = fits[name]
-    for t in args.horizons:
+    for t in cfg.horizons:
       pts = [r for r in mine if r["T"] == t]
       axes[0].loglog([r["n_i"] for r in pts],
                      [r["avg_grad_sq"] for r in pts], styles[name], ms=3,
-                     label=f"{name}, T={t}" if t in (args.horizons[0],
-                                                     args.horizons[-1])
+                     label=f"{name}, T={t}" if t in (cfg.horizons[0],
+                                                     cfg.horizons[-1])
                      else None)
-    for n_i in args.clients:
+    for n_i in cfg.clients:
       pts = [r for r in mine if r["n_i"] == n_i]
       axes[1].loglog([r["T"] for r in pts],
                      [r["avg_grad_sq"] for r in pts], styles[name], ms=3,
                      label=f"{name}, n_i={n_i}" if n_i in (
-                         args.clients[0], args.clients[-1]) else None)
+                         cfg.clients[0], cfg.clients[-1]) else None)
     axes[0].plot([], [], " ", label=f"{name}: fitted slope "
                  f"{f['slope_n_i']:.2f} in n_i")
     axes[1].plot([], [], " ", label=f"{name}: fitted slope "
@@ -232,40 +227,50 @@ def plot(rows: list, fits: dict, args, path: str):
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
   fig.suptitle(r"Theorem 2: the $\sigma/\sqrt{n_i T}$ term predicts slope "
-               rf"-1/2 in both ($\sigma$ = {args.sigma:g}, K = {args.clusters}"
-               ", best constant lr per point)")
+               rf"-1/2 in both ($\sigma$ = {cfg.sigma:g}, K = "
+               f"{cfg.federation.clusters}, best constant lr per point)")
   files.save_figure(fig, path)
   plt.close(fig)
 
 
-def main(argv=None):
-  args = parse(argv)
-  lrs = args.lr_max / np.sqrt(2.0) ** np.arange(args.lrs)
+def run(cfg: Config, prepared, tracker, command: str = "") -> dict:
+  """Every (method, n_i) grid; writes results.json, summary.csv, rate.png."""
+  del prepared, command  # Nothing to load; the command is in config.json.
+  lrs = cfg.lr_max / np.sqrt(2.0) ** np.arange(cfg.num_lrs)
   rows, curves, start = [], {}, time.perf_counter()
-  for name in args.algorithms:
-    for n_i in args.clients:
+  for name in cfg.methods:
+    for n_i in cfg.clients:
       t0 = time.perf_counter()
-      c = run_grid(args, name, n_i, lrs)
+      c = run_grid(cfg, name, n_i, lrs)
       curves[f"{name}/{n_i}"] = c
-      for r in best_over_lrs(c, lrs, args.horizons):
+      for r in best_over_lrs(c, lrs, cfg.horizons):
         rows.append({"algorithm": name, "n_i": n_i, **r})
-      print(f"{name} n_i={n_i}: {len(lrs)} learning rates x "
-            f"{max(args.horizons)} rounds in {time.perf_counter() - t0:.1f}s;"
-            " best average at T = " + ", ".join(
-                f"{r['T']}: {r['avg_grad_sq']:.3g}" for r in rows[
-                    -len(args.horizons):]), flush=True)
+      tracker.log(f"{name} n_i={n_i}: {len(lrs)} learning rates x "
+                  f"{max(cfg.horizons)} rounds in "
+                  f"{time.perf_counter() - t0:.1f}s; best average at T = " +
+                  ", ".join(f"{r['T']}: {r['avg_grad_sq']:.3g}"
+                            for r in rows[-len(cfg.horizons):]))
   fits = {name: fit_slopes([r for r in rows if r["algorithm"] == name])
-          for name in args.algorithms}
-  files.write_json(os.path.join(args.out, "results.json"), {
-      "args": {k: v for k, v in vars(args).items()},
-      "learning_rates": lrs, "best": rows, "fits": fits,
-      "curves": curves, "seconds": time.perf_counter() - start})
-  files.write_csv(os.path.join(args.out, "summary.csv"), rows)
-  plot(rows, fits, args, os.path.join(args.out, "rate.png"))
+          for name in cfg.methods}
+  out = cfg.run.out
+  files.write_json(os.path.join(out, "results.json"), {
+      "config": options.to_dict(cfg), "learning_rates": lrs, "best": rows,
+      "fits": fits, "curves": curves,
+      "seconds": time.perf_counter() - start})
+  files.write_csv(os.path.join(out, "summary.csv"), rows)
+  if cfg.run.plots:
+    plot(rows, fits, cfg, os.path.join(out, "rate.png"))
   for name, f in fits.items():
-    print(f"{name}: slope {f['slope_n_i']:.3f} in n_i, {f['slope_T']:.3f} "
-          f"in T (theorem: -0.5, -0.5); rms residual {f['rms_residual']:.3f}")
+    tracker.log(f"{name}: slope {f['slope_n_i']:.3f} in n_i, "
+                f"{f['slope_T']:.3f} in T (theorem: -0.5, -0.5); rms "
+                f"residual {f['rms_residual']:.3f}")
   return {"best": rows, "fits": fits}
+
+
+EXPERIMENT = cli.Experiment("theorem2", __doc__, Config, resolve,
+                            lambda cfg: None, run)
+
+main = EXPERIMENT.main
 
 
 if __name__ == "__main__":

@@ -19,15 +19,18 @@ from experiments import cli
 from experiments import failure_modes
 from experiments import files
 from experiments import mnist
+from experiments import momentum_variants
 from experiments import options
 from experiments import sweep
 from experiments import synthetic
+from experiments import theorem2
 from experiments import threshold_clustering
 
 EXPERIMENTS = {e.name: e for e in (
     mnist.EXPERIMENT, byzantine.EXPERIMENT, cifar10.EXPERIMENT,
     cifar100.EXPERIMENT, synthetic.EXPERIMENT, threshold_clustering.EXPERIMENT,
-    failure_modes.EXPERIMENT, sweep.EXPERIMENT)}
+    failure_modes.EXPERIMENT, sweep.EXPERIMENT, theorem2.EXPERIMENT,
+    momentum_variants.EXPERIMENT)}
 
 
 def _declarations():

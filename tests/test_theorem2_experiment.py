@@ -1,12 +1,11 @@
 """experiments/theorem2: the pieces of the rate measurement, by hand."""
 
-import argparse
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from experiments import options
 from experiments import theorem2
 
 
@@ -44,11 +43,11 @@ def test_fit_slopes_recovers_exponents():
 
 
 def test_federation_starts_at_the_given_distance_from_the_optima():
-  args = argparse.Namespace(seed=0, clusters=2, separation=2.0,
-                            start_distance=0.1, clients=(3, 5))
-  data, params = theorem2.federation(args, 3)
+  cfg = options.replace(theorem2.Config(), seed=0, clusters=2,
+                        separation=2.0, start_distance=0.1, clients=(3, 5))
+  data, params = theorem2.federation(cfg, 3)
   # n_i = 3 keeps the first 3 clients of each cluster of the n_i = 5 one.
-  more, more_params = theorem2.federation(args, 5)
+  more, more_params = theorem2.federation(cfg, 5)
   keep = np.array([0, 1, 2, 5, 6, 7])
   np.testing.assert_array_equal(data.train["a"], more.train["a"][keep])
   np.testing.assert_array_equal(params, more_params[keep])
@@ -62,11 +61,12 @@ def test_federation_starts_at_the_given_distance_from_the_optima():
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--clients", "4,x"], "comma-separated"),
+    (["--clients", "4,x"], "--clients"),
+    (["--methods", "fc,ifca"], "--methods"),
     (["--sigma", "0"], "--sigma"),
     (["--quantile", "1.5"], "--quantile")])
 def test_bad_arguments_fail_before_running(argv, message, tmp_path, capsys):
   with pytest.raises(SystemExit):
-    theorem2.parse(argv + ["--out", str(tmp_path / "o")])
+    theorem2.main(argv + ["--out", str(tmp_path / "o")])
   assert message in capsys.readouterr().err
   assert not (tmp_path / "o").exists()
