@@ -61,6 +61,24 @@ COMMITTED = {
         "byzantine", "fc_defences",
         ["--algorithms", "fc_dedup", "--attacks",
          "alie_jitter,ipm_jitter,spread_edge"]),
+    "byzantine/protocol_20pct/digits_private_label_fc": (
+        "byzantine", "fc_defences",
+        ["--algorithms", "fc_ball_cap", "--attacks",
+         "opt_alie,opt_ipm,min_sum,spread_edge,fang_tm,fang_krum,alie_jitter,"
+         "ipm_jitter,min_max,alie,ipm,edge,mimic"]),
+    "byzantine/protocol_20pct/digits_private_label_fc_20rounds": (
+        "byzantine", "protocol_20pct",
+        ["--rounds", "20", "--eval-every", "10", "--attacks",
+         "min_sum,fang_tm,fang_krum,spread_edge,opt_ipm"]),
+    "byzantine/protocol_20pct/digits_private_label_ifca_20rounds": (
+        "byzantine", "protocol_20pct",
+        ["--rounds", "20", "--eval-every", "10", "--algorithms",
+         "ifca_median", "--attacks",
+         "alie_jitter,ipm_jitter,min_max,min_sum,spread_edge,fang_tm,"
+         "fang_krum,opt_alie"]),
+    "synthetic/figure2_n75": ("synthetic", "figures2_3",
+                              ["--settings", "4x75", "--algorithms",
+                               "oracle"]),
     "cifar10": ("cifar10", "fashion_mlp", []),
     "cifar100": ("cifar100", "fashion_mlp", []),
     "cifar100_cnn": ("cifar100", "fashion_cnn", []),
