@@ -4,6 +4,7 @@ run by hand, not in CI)."""
 
 import ast
 
+import numpy as np
 import pytest
 
 from tools import mutation as tool
@@ -48,3 +49,49 @@ def test_preset_mutants_compile_and_apply_in_process(preset):
     with open(m.path, encoding="utf-8") as f:
       assert source not in (f.read(), tool.unparsed_source(m.path))
     tool.inprocess_site(m.path, m.line)  # In-process mode applies.
+
+
+def _fake(n_ops, n_edits):
+  kinds = ["binop"] * n_ops + ["edit"] * n_edits
+  return [tool.Mutant(i, "m.py", i + 1, k, "a", "b", -1, 0)
+          for i, k in enumerate(kinds)]
+
+
+def test_sample_is_seeded_uniform_without_replacement_plus_every_edit():
+  """Seen to fail when the sample draws with replacement (`choices`), takes
+  the first mutants unshuffled, ignores the seed, or drops the edits."""
+  mutants = _fake(200, 3)
+  edits = {200, 201, 202}
+  first = [m.index for m in tool.select(mutants, sample=40, seed=7)]
+  assert first == sorted(first)  # Listing order.
+  assert len(first) == 43 and edits <= set(first)
+  assert first == [m.index for m in tool.select(mutants, sample=40, seed=7)]
+  assert first != [m.index for m in tool.select(mutants, sample=40, seed=8)]
+  wider = {m.index for m in tool.select(mutants, sample=120, seed=7)}
+  assert set(first) <= wider and len(wider) == 123
+  assert len(tool.select(mutants, sample=10**6)) == 203
+  # --every first, --only last.
+  assert {m.index for m in tool.select(mutants, every=50, sample=2)} - edits \
+      <= {0, 50, 100, 150}
+  assert [m.index for m in tool.select(mutants, {first[0], 201}, sample=40,
+                                       seed=7)] == [first[0], 201]
+  # Uniform: over many seeds every operator mutant is drawn about as often.
+  counts = np.zeros(200)
+  for seed in range(400):
+    for m in tool.select(mutants, sample=20, seed=seed)[:-3]:
+      counts[m.index] += 1
+  assert counts.sum() == 400 * 20
+  assert counts.min() > 15 and counts.max() < 70  # Mean 40, sd ~6.
+
+
+def test_site_fingerprint_names_the_function_and_hashes_its_source():
+  """Seen to fail when the fingerprint hashes the whole module (lines of two
+  functions then share it) instead of the function holding the line."""
+  path, tests = "tools/mutation/cli.py", ["tests/test_tools_mutation.py::x"]
+  source = open(path, encoding="utf-8").read().split("\n")
+  line_of = lambda text: next(i for i, s in enumerate(source, 1) if text in s)
+  a = tool.site_fingerprint(path, line_of("random.Random(seed)"), tests)
+  b = tool.site_fingerprint(path, line_of("keep = set(ops)"), tests)
+  c = tool.site_fingerprint(path, line_of("p.add_argument(\"--seed\""), tests)
+  assert a == b and a["function"] == "select" and c["function"] == "main"
+  assert c["source_sha"] != a["source_sha"] and c["tests_sha"] == a["tests_sha"]

@@ -6,11 +6,12 @@ import concurrent.futures
 import dataclasses
 import json
 import os
+import random
 import shutil
 import tempfile
 import threading
 import time
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 import tools.mutation as package
 from tools.mutation.operators import Mutant
@@ -27,7 +28,28 @@ from tools.mutation.workers import WorkerProcess
 from tools.mutation.workers import inprocess_site
 from tools.mutation.workers import make_scratch
 from tools.mutation.workers import run_tests_in_subprocess
+from tools.mutation.workers import site_fingerprint
 from tools.mutation.workers import worker
+
+
+def select(mutants: List[Mutant], only: Optional[Set[int]] = None,
+           every: int = 1, sample: Optional[int] = None,
+           seed: int = 0) -> List[Mutant]:
+  """The mutants to run, in listing order.
+
+  Of the operator mutants: those whose number is a multiple of `every`; of
+  these, if `sample` is given, the first `sample` of a permutation drawn with
+  `seed` (uniform without replacement, and a larger `sample` extends a
+  smaller one with the same seed). Then every edit. Then only those in
+  `only` (all if None).
+  """
+  ops = [m.index for m in mutants if m.kind != "edit" and m.index % every == 0]
+  if sample is not None:
+    random.Random(seed).shuffle(ops)
+    ops = ops[:sample]
+  keep = set(ops)
+  return [m for m in mutants if (m.kind == "edit" or m.index in keep) and (
+      only is None or m.index in only)]
 
 
 def main(argv=None) -> int:
@@ -59,6 +81,12 @@ def main(argv=None) -> int:
   p.add_argument("--every", type=int, default=1,
                  help="a deterministic sample: only the mutants whose number "
                  "is a multiple of EVERY, and every edit (default 1: all)")
+  p.add_argument("--sample", type=int, default=None,
+                 help="a seeded random sample: the first SAMPLE operator "
+                 "mutants (of those --every keeps) of a permutation drawn "
+                 "with --seed, and every edit; --only then narrows it")
+  p.add_argument("--seed", type=int, default=0,
+                 help="the seed of --sample (default 0)")
   p.add_argument("--list", action="store_true",
                  help="print the mutants and exit")
   p.add_argument("--out", default=None, help="JSON results file")
@@ -82,6 +110,8 @@ def main(argv=None) -> int:
     p.error("--workers must be >= 1")
   if args.every < 1:
     p.error("--every must be >= 1")
+  if args.sample is not None and args.sample < 0:
+    p.error(f"--sample must be >= 0, got {args.sample}")
 
   mutants: List[Mutant] = []
   tests_of: Dict[int, Tuple[str, ...]] = {}
@@ -103,13 +133,12 @@ def main(argv=None) -> int:
   print(f"{len(mutants)} mutants in {len(targets)} targets:", flush=True)
   for t in targets:
     print(f"  {t}")
+  todo = select(mutants, only, args.every, args.sample, args.seed)
   if args.list:
-    for m in mutants:
+    for m in todo:
       print(f"{m.index:4d} {m.path}:{m.line} {m.kind:15s} {m.before!r} -> "
             f"{m.after!r}" + (f"  [{m.why}]" if m.why else ""))
     return 0
-  todo = [m for m in mutants if (only is None or m.index in only) and (
-      m.index % args.every == 0 or m.kind == "edit")]
   if args.isolation == "inprocess":
     for m in todo:
       inprocess_site(m.path, m.line)  # Fails early if not applicable.
@@ -225,12 +254,14 @@ def main(argv=None) -> int:
   if args.out:
     result = dict(
         targets=[str(t) for t in targets], workers=args.workers,
-        isolation=args.isolation, every=args.every,
+        isolation=args.isolation, every=args.every, sample=args.sample,
+        seed=args.seed,
         clean_run_s={" ".join(k): v for k, v in clean.items()},
         total_s=total_s, loadavg_end=os.getloadavg(),
         counts=dict(mutants=len(todo), killed=len(killed),
                     survived=len(survived), errors=len(errors)),
-        mutants=[dict(dataclasses.asdict(m), tests=tests_of[m.index])
+        mutants=[dict(dataclasses.asdict(m), tests=tests_of[m.index],
+                      **site_fingerprint(m.path, m.line, tests_of[m.index]))
                  for m in todo])
     tmp_out = args.out + ".tmp"
     with open(tmp_out, "w", encoding="utf-8") as f:
