@@ -35,21 +35,39 @@ from tools.mutation.workers import worker
 def select(mutants: List[Mutant], only: Optional[Set[int]] = None,
            every: int = 1, sample: Optional[int] = None,
            seed: int = 0) -> List[Mutant]:
-  """The mutants to run, in listing order.
+  """The mutants to run, in the order they run.
 
   Of the operator mutants: those whose number is a multiple of `every`; of
   these, if `sample` is given, the first `sample` of a permutation drawn with
-  `seed` (uniform without replacement, and a larger `sample` extends a
-  smaller one with the same seed). Then every edit. Then only those in
-  `only` (all if None).
+  `seed` (uniform without replacement), in that order, so that a larger
+  `sample` extends a smaller one and the first n mutants a run finishes are
+  the sample of n. Then every edit. Then only those in `only` (all if None).
   """
-  ops = [m.index for m in mutants if m.kind != "edit" and m.index % every == 0]
+  ops = [m for m in mutants if m.kind != "edit" and m.index % every == 0]
   if sample is not None:
     random.Random(seed).shuffle(ops)
     ops = ops[:sample]
-  keep = set(ops)
-  return [m for m in mutants if (m.kind == "edit" or m.index in keep) and (
-      only is None or m.index in only)]
+  return [m for m in ops + [m for m in mutants if m.kind == "edit"]
+          if only is None or m.index in only]
+
+
+def _save(path: str, header: dict, todo: List[Mutant],
+          tests_of: Dict[int, Tuple[str, ...]]) -> None:
+  """Writes the run so far (atomically: after every mutant, so a stopped
+  run keeps what it finished)."""
+  done = [m for m in todo if m.status != "pending"]
+  count = lambda *s: sum(m.status in s for m in done)
+  result = dict(header, counts=dict(
+      mutants=len(todo), done=len(done), killed=count("killed", "timeout"),
+      timeouts=count("timeout"), survived=count("survived"),
+      errors=len(done) - count("killed", "timeout", "survived")),
+                mutants=[dict(dataclasses.asdict(m), tests=tests_of[m.index],
+                              **site_fingerprint(m.path, m.line,
+                                                 tests_of[m.index]))
+                         for m in todo])
+  with open(path + ".tmp", "w", encoding="utf-8") as f:
+    json.dump(result, f, indent=1)
+  os.replace(path + ".tmp", path)
 
 
 def main(argv=None) -> int:
@@ -183,6 +201,11 @@ def main(argv=None) -> int:
     lock = threading.Lock()
     queue = list(todo)
     done = []
+    header = dict(
+        targets=[str(t) for t in targets], workers=args.workers,
+        isolation=args.isolation, every=args.every, sample=args.sample,
+        seed=args.seed,
+        clean_run_s={" ".join(k): v for k, v in clean.items()})
 
     def report(m):
       with lock:
@@ -195,6 +218,9 @@ def main(argv=None) -> int:
               f"{m.path}:{m.line} {m.before!r} -> {m.after!r} "
               f"({m.seconds:.0f} s) | killed {killed}, survived "
               f"{n - killed}, ~{left / 60:.0f} min left", flush=True)
+        if args.out:
+          _save(args.out, dict(header, total_s=elapsed,
+                               loadavg_end=os.getloadavg()), todo, tests_of)
 
     def take():
       with lock:
@@ -242,7 +268,9 @@ def main(argv=None) -> int:
   survived = [m for m in todo if m.status == "survived"]
   errors = [m for m in todo if m.status not in ("killed", "timeout",
                                                 "survived")]
-  print(f"\n{len(todo)} mutants: {len(killed)} killed, {len(survived)} "
+  timeouts = sum(m.status == "timeout" for m in todo)
+  print(f"\n{len(todo)} mutants: {len(killed)} killed ({timeouts} of them by "
+        f"timeout), {len(survived)} "
         f"survived, {len(errors)} errors, {total_s / 60:.1f} min "
         f"({args.workers} workers, {args.isolation}, load "
         f"{os.getloadavg()[0]:.1f} at the end)")
@@ -252,21 +280,8 @@ def main(argv=None) -> int:
   for m in errors:
     print(f"  error #{m.index} {m.path}:{m.line}: {m.failed}")
   if args.out:
-    result = dict(
-        targets=[str(t) for t in targets], workers=args.workers,
-        isolation=args.isolation, every=args.every, sample=args.sample,
-        seed=args.seed,
-        clean_run_s={" ".join(k): v for k, v in clean.items()},
-        total_s=total_s, loadavg_end=os.getloadavg(),
-        counts=dict(mutants=len(todo), killed=len(killed),
-                    survived=len(survived), errors=len(errors)),
-        mutants=[dict(dataclasses.asdict(m), tests=tests_of[m.index],
-                      **site_fingerprint(m.path, m.line, tests_of[m.index]))
-                 for m in todo])
-    tmp_out = args.out + ".tmp"
-    with open(tmp_out, "w", encoding="utf-8") as f:
-      json.dump(result, f, indent=1)
-    os.replace(tmp_out, args.out)
+    _save(args.out, dict(header, total_s=total_s, loadavg_end=os.getloadavg()),
+          todo, tests_of)
     print(f"saved {args.out}")
   return 0
 
