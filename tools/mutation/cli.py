@@ -186,6 +186,7 @@ def main(argv=None) -> int:
     def clean_run(tests, run):
       """Seconds of the tests' run without a mutant (None: --skip-clean), or
       why they fail without one; run once per test set, when first needed."""
+      tests = tuple(sorted(tests))  # The same set in another order.
       with clean_lock:
         if tests not in clean and args.skip_clean:
           clean[tests] = None
@@ -200,7 +201,7 @@ def main(argv=None) -> int:
     def timeout_of(m):
       if args.timeout:
         return args.timeout
-      c = clean[tests_of[m.index]]
+      c = clean[tuple(sorted(tests_of[m.index]))]
       return 1800.0 if c is None else max(120.0, 3.0 * c)
 
     lock = threading.Lock()
