@@ -208,6 +208,8 @@ def main(argv=None) -> int:
     queue = list(todo)
     done = []
     header = dict(
+        presets=args.preset, operator_mutants=sum(
+            m.kind != "edit" for m in mutants),
         targets=[str(t) for t in targets], workers=args.workers,
         isolation=args.isolation, every=args.every, sample=args.sample,
         seed=args.seed, budget=args.budget)
