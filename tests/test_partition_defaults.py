@@ -52,3 +52,19 @@ def test_one_size_given_completes_the_80_20_ratio():
   assert fed.data.train[1].shape == (8, 12) and fed.data.test[1].shape == (8, 3)
   fed = prfl.data.federate(make_ds(), train_per_client=10, **kw)
   assert fed.data.train[1].shape == (8, 10) and fed.data.test[1].shape == (8, 2)
+
+
+def test_description_says_padded_when_only_train_or_only_test_is_ragged():
+  """100 examples per cluster over 9 clients: 11 or 12 each, split 9-10 /
+  2-2 (only the train sets ragged); over 8 clients: 12 or 13, split 10-10 /
+  2-3 (only the test sets ragged). Both are padded with label -1, and the
+  description says so. Seen to fail when `padded` needs both ragged (`or`
+  -> `and`) or reads the train sizes' max instead of their min."""
+  for n, train, test in ((9, (9, 10), (2, 2)), (8, (10, 10), (2, 3))):
+    fed = prfl.data.federate(make_ds(), task="none", num_clusters=2,
+                             clients_per_cluster=n)
+    (_, y), (_, yt) = fed.data.train, fed.data.test
+    assert ((y >= 0).sum(1).min(), (y >= 0).sum(1).max()) == train
+    assert ((yt >= 0).sum(1).min(), (yt >= 0).sum(1).max()) == test
+    assert (f"(padded with label -1 to {train[1]} / {test[1]})" in
+            fed.description)
