@@ -3,6 +3,7 @@
 count per cluster and the default train/test split."""
 
 import numpy as np
+import pytest
 
 import prfl_jax as prfl
 from tests.test_data_partition import ids
@@ -68,3 +69,19 @@ def test_description_says_padded_when_only_train_or_only_test_is_ragged():
     assert ((yt >= 0).sum(1).min(), (yt >= 0).sum(1).max()) == test
     assert (f"(padded with label -1 to {train[1]} / {test[1]})" in
             fed.description)
+
+
+def test_two_examples_per_client_are_enough():
+  """200 examples over 2 x 50 clients: 1 train + 1 test each; 51 clients per
+  cluster are refused before any work, and a Dirichlet split keeps at least 2
+  per client by default. Seen to fail (with `--isolation process`: the
+  constant is copied by `from ... import`) when `MIN_CLIENT_EXAMPLES` is 3."""
+  fed = prfl.data.federate(make_ds(), task="none", num_clusters=2,
+                           clients_per_cluster=50)
+  assert fed.data.train[1].shape == (100, 1) == fed.data.test[1].shape
+  with pytest.raises(ValueError, match=">= 204 examples"):
+    prfl.data.federate(make_ds(), task="none", num_clusters=2,
+                       clients_per_cluster=51)
+  labels = np.repeat(np.arange(2), 3)
+  parts = prfl.data.dirichlet_partition(labels, 3, 1.0, seed=0)
+  assert sorted(len(p) for p in parts) == [2, 2, 2]
