@@ -85,3 +85,20 @@ def test_two_examples_per_client_are_enough():
   labels = np.repeat(np.arange(2), 3)
   parts = prfl.data.dirichlet_partition(labels, 3, 1.0, seed=0)
   assert sorted(len(p) for p in parts) == [2, 2, 2]
+
+
+def test_edges_that_are_allowed_private_label_clusters_and_shards():
+  """As many private-label clusters as classes (10 of 10) are allowed, 11
+  refused; as many shards as examples (one each) are allowed, one more
+  refused. Seen to fail when the checks refuse the edge (`num_clusters > c`
+  -> `>=`, `num_shards > len(labels)` -> `>=`)."""
+  fed = prfl.data.federate(make_ds(), task="private_label", num_clusters=10,
+                           clients_per_cluster=2)
+  assert fed.data.train[1].shape[0] == 20
+  with pytest.raises(ValueError, match="at most 10 distinct clusters"):
+    prfl.data.federate(make_ds(), task="private_label", num_clusters=11,
+                       clients_per_cluster=2)
+  parts = prfl.data.shard_partition(np.arange(6) % 3, 3, 2)
+  assert sorted(len(p) for p in parts) == [2, 2, 2]
+  with pytest.raises(ValueError, match="7 examples"):
+    prfl.data.shard_partition(np.arange(7) % 3, 4, 2)
