@@ -102,3 +102,16 @@ def test_edges_that_are_allowed_private_label_clusters_and_shards():
   assert sorted(len(p) for p in parts) == [2, 2, 2]
   with pytest.raises(ValueError, match="7 examples"):
     prfl.data.shard_partition(np.arange(7) % 3, 4, 2)
+
+
+def test_a_client_short_of_the_requested_sizes_keeps_their_ratio():
+  """Shards of 25 examples per client against 32 + 8 requested: the client
+  is cut in the requested 80/20 ratio, 20 / 5. Seen to fail when the ratio
+  is taken over `train - test` (17 / 8)."""
+  fed = prfl.data.federate(make_ds(), task="none", num_clusters=2,
+                           clients_per_cluster=4, partition="shards",
+                           shards_per_client=1, train_per_client=32,
+                           test_per_client=8)
+  (_, y), (_, yt) = fed.data.train, fed.data.test
+  np.testing.assert_array_equal((y >= 0).sum(1), [20] * 8)
+  np.testing.assert_array_equal((yt >= 0).sum(1), [5] * 8)
