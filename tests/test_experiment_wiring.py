@@ -5,8 +5,11 @@ looked)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
+from experiments import cli
 from experiments import registry
+from experiments.mnist import config
 from experiments.mnist import report
 from tests.test_momentum_clustering import C
 from tests.test_momentum_clustering import shifted_quadratic
@@ -35,3 +38,17 @@ def test_ordering_checks_report_the_gap_to_two_decimals():
   checks = report.ordering_checks({"rotation": runs})["rotation"]
   assert checks["oracle_minus_fc_points"] == 1.23
   assert checks["fc_within_2_points"] and checks["oracle_ge_fc"]
+
+
+def _resolve(*argv):
+  return config.resolve(cli.parse(config.Config, list(argv))[0])
+
+
+def test_data_dir_is_refused_for_digits_and_read_for_the_others(tmp_path):
+  """`--data-dir` with the bundled digits is an error; with Fashion-MNIST an
+  existing directory is taken. Seen to fail when the two are swapped
+  (`d.dataset == 'digits'` -> `!=`)."""
+  with pytest.raises(ValueError, match="not used by --dataset digits"):
+    _resolve("--data-dir", str(tmp_path))
+  cfg = _resolve("--dataset", "fashion_mnist", "--data-dir", str(tmp_path))
+  assert cfg.data.data_dir == str(tmp_path)
