@@ -60,3 +60,25 @@ def test_min_max_moves_along_its_unit_or_sign_perturbation(perturbation):
   bound = ((honest[:, None] - honest[None]) ** 2).sum(-1).max()
   gap = lambda g: ((honest - (mu + g * p)) ** 2).sum(1).max()
   assert gap(gamma * (1 - 1e-4)) <= bound < gap(gamma * (1 + 1e-3))
+
+
+def test_fang_krum_starts_its_search_at_fangs_bound():
+  """With one halving the search ends where it starts (lam0, or 2 * lam0 / 2),
+  so the Byzantine row is Fang et al.'s bound lam0 = min_i (sum of benign row
+  i's n - c - 2 nearest benign distances) / ((n - 2c - 1) sqrt(d)) + max
+  benign norm / sqrt(d), times -sign(benign mean), checked in NumPy. Seen to
+  fail with `n + 2 * c - 1` in the bound (only the scale was tested)."""
+  benign = np.array([[1.0, 2.0], [2.0, 1.0], [0.0, 3.0], [3.0, 3.0],
+                     [1.0, 1.0]])
+  msgs = jnp.asarray(np.vstack([benign, [[9.0, 9.0]]]))
+  byz = jnp.array([False] * 5 + [True])
+  out = prfl.attacks.fang_krum(1, halvings=1)(msgs, byz, jax.random.key(0))
+  n, c, d = 6, 1, 2
+  dist = np.linalg.norm(benign[:, None] - benign[None], axis=-1)
+  sums = [np.sort(np.delete(row, i))[:n - c - 2].sum()
+          for i, row in enumerate(dist)]
+  lam0 = (min(sums) / ((n - 2 * c - 1) * np.sqrt(d)) +
+          np.linalg.norm(benign, axis=1).max() / np.sqrt(d))
+  np.testing.assert_allclose(out[5], -lam0 * np.sign(benign.mean(0)),
+                             rtol=1e-5)
+  np.testing.assert_array_equal(out[:5], benign)
