@@ -82,3 +82,22 @@ def test_fang_krum_starts_its_search_at_fangs_bound():
   np.testing.assert_allclose(out[5], -lam0 * np.sign(benign.mean(0)),
                              rtol=1e-5)
   np.testing.assert_array_equal(out[:5], benign)
+
+
+def test_fang_trimmed_mean_draws_beyond_each_benign_extreme():
+  """The four cases of Fang et al.'s Section 4.3 on one coordinate each, b =
+  2: mean > 0 and min 1 > 0: [0.5, 1]; mean > 0, min -1: [-2, -1]; mean < 0,
+  max 0.5 > 0: [0.5, 1]; mean < 0, max -1: [-1, -0.5]. 60 Byzantine rows
+  fill each interval. Seen to fail with `b / hi` for `b * hi` (a case no
+  test had: [0.5, 4])."""
+  benign = np.array([[1.0, -1.0, -3.0, -3.0], [2.0, 2.0, -1.0, -2.0],
+                     [3.0, 3.0, 0.5, -1.0]])
+  msgs = jnp.asarray(np.vstack([benign, np.zeros((60, 4))]))
+  byz = jnp.arange(63) >= 3
+  out = np.asarray(prfl.attacks.fang_trimmed_mean(2.0)(msgs, byz,
+                                                       jax.random.key(0)))
+  lo, hi = out[3:].min(0), out[3:].max(0)
+  start, end = np.array([0.5, -2.0, 0.5, -1.0]), np.array([1, -1, 1, -0.5])
+  assert np.all(lo >= start - 1e-6) and np.all(hi <= end + 1e-6)
+  assert np.all(hi - lo > 0.9 * (end - start))
+  np.testing.assert_array_equal(out[:3], benign)
