@@ -47,7 +47,7 @@ one another within a few tens of rounds on both:
   rescaled, so the step is unchanged.
 """
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 from jax import lax
@@ -124,6 +124,7 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
                         balls: str = "assigned", sticky=None,
                         warmup_rounds: int = 0,
                         reseed: bool = False, bias_correction: bool = False,
+                        freeze_after: Optional[int] = None,
                         true_clusters=None) -> base.Algorithm:
   """Momentum-Clustering: server-side clustering of client momenta.
 
@@ -151,6 +152,10 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
       seeded.
     reseed: move empty or coinciding centres (see the module docstring).
     bias_correction: cluster bias-corrected momenta.
+    freeze_after: from round `freeze_after` (counted from 0) on, no client
+      changes centre; the centres still follow their clients' momenta
+      (needs `balls="assigned"` and `freeze_after > warmup_rounds`). None:
+      clients may move in every round.
     true_clusters: optional concrete `[N]` true cluster ids, known to the
       experimenter only: the step then also reports the diagnostics that
       need them (`prfl_jax.diagnostics.rounds`).
@@ -164,7 +169,8 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
   Raises:
     TypeError: if `optimizer` is not an optax transformation.
     ValueError: on a bad `num_clusters`, `num_iters`, `alpha`, `radius`,
-      `method`, `balls`, `warmup_rounds` or `true_clusters`; at `init`, if
+      `method`, `balls`, `warmup_rounds`, `freeze_after` or
+      `true_clusters`; at `init`, if
       K > N or `true_clusters` does not have N entries.
 
   References:
@@ -184,6 +190,12 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
   if sticky and balls != "assigned":
     raise ValueError("`sticky=True` needs balls='assigned' (the clients of "
                      "each centre are carried over).")
+  if freeze_after is not None:
+    base.check_positive_int(freeze_after, "freeze_after",
+                            minimum=warmup_rounds + 1)
+    if balls != "assigned":
+      raise ValueError("`freeze_after` needs balls='assigned' (the clients "
+                       "of each centre are carried over).")
   truth = diagnostics.check_true_clusters(true_clusters)
   k = num_clusters
 
@@ -217,6 +229,10 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
             messages, prev, radius=radius, num_iters=num_iters,
             method=method, gram=gram, balls=balls, members=members,
             sticky=sticky))
+    if freeze_after is not None:
+      assignment = jnp.where(state.round >= freeze_after, state.assignment,
+                             assignment)
+      directions = tree_lib.take(centers, assignment)
     moved = jnp.zeros((), jnp.float32)
     if reseed:
       centers, moved = reseed_centers(centers, messages, assignment,
