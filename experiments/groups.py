@@ -163,9 +163,8 @@ class Baselines:
       "mc_balls='assigned', over each centre's own clients; else quantile)",
       low=0, high=1, low_open=True)
   mc_sticky: bool = option(
-      False, "Momentum-Clustering with mc_balls='assigned': clients stay "
-      "with their centre while inside its ball (the default before "
-      "mc_freeze)")
+      True, "Momentum-Clustering with mc_balls='assigned': clients stay "
+      "with their centre while inside its ball")
   mc_warmup: int = option(
       0, "Momentum-Clustering: rounds of own-momentum steps before the "
       "centres are seeded", low=0)
@@ -173,10 +172,9 @@ class Baselines:
       False, "Momentum-Clustering: move empty or coinciding centres")
   mc_bias_correction: bool = option(
       False, "Momentum-Clustering: cluster bias-corrected momenta")
-  mc_freeze: Union[int, str] = option(
-      10, "Momentum-Clustering with mc_balls='assigned': rounds after the "
-      "seeding round during which clients may change centre, then none "
-      "does; or 'never'", low=1, keywords=("never",))
+  mc_freeze: Optional[int] = option(
+      None, "Momentum-Clustering with mc_balls='assigned': no client "
+      "changes centre from this round on (None: never frozen)", low=1)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -45,19 +45,13 @@ VARIANTS = {
     "paper_warmup": dict(balls="all", warmup_rounds=10),
     "paper_reseed": dict(balls="all", reseed=True),
     "paper_bias": dict(balls="all", bias_correction=True),
-    # Own-client balls, nearest centre every round, never frozen.
-    "assigned": dict(sticky=False, freeze_after=None),
-    # The default until 27 November: sticky, never frozen.
-    "sticky": dict(sticky=True, freeze_after=None),
-    "sticky_reseed": dict(sticky=True, freeze_after=None, reseed=True),
-    "sticky_bias": dict(sticky=True, freeze_after=None,
-                        bias_correction=True),
-    # The library's default: own-client balls, frozen 10 rounds after
-    # seeding.
+    "assigned": dict(balls="assigned", sticky=False),
     "default": dict(),
-    # Frozen from round --freeze-after on.
+    "default_reseed": dict(reseed=True),
+    "default_bias": dict(bias_correction=True),
+    # From round --freeze-after on no client changes centre.
+    "default_freeze": dict(freeze_after=FREEZE),
     "assigned_freeze": dict(sticky=False, freeze_after=FREEZE),
-    "sticky_freeze": dict(sticky=True, freeze_after=FREEZE),
 }
 BASELINES = ("myopic", "oracle")
 CURVES = ("num_active_clusters", "distinct_centers", "ari", "nmi", "purity",

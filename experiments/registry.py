@@ -302,8 +302,7 @@ def _mc(ctx, s):
   alpha = 1 - momentum by default; with the step lr / alpha this is exactly
   heavy-ball SGD (lr, momentum) when every client is alone in its cluster, so
   it gets the same step size as the others. With `mc_balls="assigned"` the
-  radius quantile is over each centre's own clients, hence 0.95 by default,
-  and the assignment is frozen `mc_freeze` rounds after seeding
+  radius quantile is over each centre's own clients, hence 0.95 by default
   (`experiments/results/momentum_clustering/`)."""
   alpha = 1.0 - s.momentum if s.mc_alpha is None else s.mc_alpha
   q = s.mc_quantile
@@ -315,10 +314,9 @@ def _mc(ctx, s):
       radius=prfl.quantile_radius(q), num_iters=s.num_iters, alpha=alpha,
       attack=ctx.attack, method=s.clustering_method, balls=s.mc_balls,
       sticky=s.mc_sticky and s.mc_balls == "assigned",
-      freeze_after=(None if s.mc_freeze == "never" or s.mc_balls != "assigned"
-                    else s.mc_warmup + s.mc_freeze),
       warmup_rounds=s.mc_warmup, reseed=s.mc_reseed,
-      bias_correction=s.mc_bias_correction, true_clusters=ctx.clusters)
+      bias_correction=s.mc_bias_correction, freeze_after=s.mc_freeze,
+      true_clusters=ctx.clusters)
 
 
 for _name, _agg, _label in (

@@ -6,16 +6,14 @@ momenta with K centres carried over from the previous round, assigns every
 client to its nearest centre and sends it that centre, which the client uses as
 its update direction. Communication is O(N) per round instead of O(N^2).
 
-The paper leaves six choices open; each is an option here. The default,
-`balls="assigned", sticky=False, freeze_after="auto"` (each centre's ball
-over its own clients, nearest-centre re-assignment during the first
-`FREEZE_ROUNDS` rounds after seeding, then no client moves), was the only
-variant measured at least as accurate as Myopic-Clustering on both digits
-Table 1 tasks and on Fashion-MNIST rotation that does not diverge on the
-synthetic regression federation (`experiments/results/momentum_clustering/`).
+The paper leaves five choices open; each is an option here. The default,
+`balls="assigned", sticky=True`, kept K active clusters and was the most
+accurate on Fashion-MNIST Table 1 (`experiments/results/momentum_clustering/`;
+its assignment still drifts from the true clusters over the rounds), but
+diverges on the synthetic regression federation, where `sticky=False` works.
 The paper-literal reading is `balls="all", sticky=False, warmup_rounds=0,
-reseed=False, bias_correction=False, freeze_after=None`, under which the
-centres collapse onto one another within a few tens of rounds on both:
+reseed=False, bias_correction=False`, under which the centres collapse onto
+one another within a few tens of rounds on both:
 
 * `balls`: Algorithm 2 averages every centre's ball over all N points
   (`"all"`), so the balls do not compete: centres whose balls overlap are
@@ -35,16 +33,6 @@ centres collapse onto one another within a few tens of rounds on both:
   final ball, and only the others go to their nearest centre, so noise in
   one round's momenta does not reshuffle clients whose models have been
   moving together.
-* `freeze_after` (with `balls="assigned"`): from this round on no client
-  changes centre; the centres still follow their clients' momenta. The
-  assignment in momentum space is nearly the truth within a few rounds of
-  seeding, while the models are still close (ARI 1.0 at rounds 3-10 on
-  Fashion-MNIST rotation), and then drifts: once the models have
-  personalised, a client's momentum is a gradient at its own model, and the
-  nearest centre says little about which clients share its distribution.
-  Freezing keeps the early assignment. The previous default, `sticky=True`
-  without freezing, let ~5% of the clients leave their centre every round
-  and diverged on the synthetic federation.
 * `warmup_rounds`: the K centres are seeded by farthest-first traversal of
   the momenta (a random first client, then repeatedly the client farthest
   from every chosen centre) at round `warmup_rounds`; before it every client
@@ -59,7 +47,7 @@ centres collapse onto one another within a few tens of rounds on both:
   rescaled, so the step is unchanged.
 """
 
-from typing import Any, NamedTuple, Union
+from typing import Any, NamedTuple, Optional
 
 import jax
 from jax import lax
@@ -74,9 +62,6 @@ from prfl_jax.algorithms import base
 from prfl_jax.algorithms import cluster_models
 
 PyTree = Any
-# Rounds after the seeding round during which clients may change centre,
-# under the default `freeze_after="auto"` (measured at alpha = 0.1).
-FREEZE_ROUNDS = 10
 
 
 class MomentumClusteringState(NamedTuple):
@@ -136,10 +121,10 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
                         num_clusters: int, radius: clustering.Radius,
                         num_iters: int = 10, alpha: float = 0.1,
                         attack=None, method: str = "direct",
-                        balls: str = "assigned", sticky: bool = False,
+                        balls: str = "assigned", sticky=None,
                         warmup_rounds: int = 0,
                         reseed: bool = False, bias_correction: bool = False,
-                        freeze_after: Union[int, str, None] = "auto",
+                        freeze_after: Optional[int] = None,
                         true_clusters=None) -> base.Algorithm:
   """Momentum-Clustering: server-side clustering of client momenta.
 
@@ -162,7 +147,7 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
     balls: `"all"` (Algorithm 2 as written) or `"assigned"` (see the
       module docstring).
     sticky: clients stay with their centre while inside its ball (needs
-      `balls="assigned"`; the previous default).
+      `balls="assigned"`); None: True with `balls="assigned"`.
     warmup_rounds: rounds of own-momentum steps before the centres are
       seeded.
     reseed: move empty or coinciding centres (see the module docstring).
@@ -170,8 +155,7 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
     freeze_after: from round `freeze_after` (counted from 0) on, no client
       changes centre; the centres still follow their clients' momenta
       (needs `balls="assigned"` and `freeze_after > warmup_rounds`). None:
-      clients may move in every round. "auto": `warmup_rounds +
-      FREEZE_ROUNDS` with `balls="assigned"`, None with `balls="all"`.
+      clients may move in every round.
     true_clusters: optional concrete `[N]` true cluster ids, known to the
       experimenter only: the step then also reports the diagnostics that
       need them (`prfl_jax.diagnostics.rounds`).
@@ -201,12 +185,11 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
   clustering.check_radius(radius, num_clusters)
   clustering.check_method(method)
   clustering.check_balls(balls)
+  if sticky is None:
+    sticky = balls == "assigned"
   if sticky and balls != "assigned":
     raise ValueError("`sticky=True` needs balls='assigned' (the clients of "
                      "each centre are carried over).")
-  if freeze_after == "auto":
-    freeze_after = (warmup_rounds + FREEZE_ROUNDS if balls == "assigned"
-                    else None)
   if freeze_after is not None:
     base.check_positive_int(freeze_after, "freeze_after",
                             minimum=warmup_rounds + 1)
