@@ -6,13 +6,15 @@ momenta with K centres carried over from the previous round, assigns every
 client to its nearest centre and sends it that centre, which the client uses as
 its update direction. Communication is O(N) per round instead of O(N^2).
 
-The paper leaves five choices open; each is an option here. The default,
+The paper leaves six choices open; each is an option here. The default,
 `balls="assigned", sticky=True`, kept K active clusters and was the most
 accurate on Fashion-MNIST Table 1 (`experiments/results/momentum_clustering/`;
 its assignment still drifts from the true clusters over the rounds), but
 diverges on the synthetic regression federation, where `sticky=False` works.
-The paper-literal reading is `balls="all", sticky=False, warmup_rounds=0,
-reseed=False, bias_correction=False`, under which the centres collapse onto
+No variant measured so far works on all three (digits, Fashion-MNIST,
+synthetic). The paper-literal reading is `balls="all", sticky=False,
+warmup_rounds=0, reseed=False, bias_correction=False, freeze_after=None`,
+under which the centres collapse onto
 one another within a few tens of rounds on both:
 
 * `balls`: Algorithm 2 averages every centre's ball over all N points
@@ -33,6 +35,15 @@ one another within a few tens of rounds on both:
   final ball, and only the others go to their nearest centre, so noise in
   one round's momenta does not reshuffle clients whose models have been
   moving together.
+* `freeze_after` (with `balls="assigned"`): from this round on no client
+  changes centre; the centres still follow their clients' momenta. With
+  nearest-centre moves (`sticky=False`) the assignment is often nearly the
+  truth a few rounds after seeding, while the models are still close, and
+  drifts once they have personalised (a client's momentum is then a
+  gradient at its own model). Freezing 10 rounds after seeding keeps an
+  early assignment, right or wrong: it won where that assignment was right
+  and lost badly where two true clusters shared a centre at the freeze
+  (`experiments/results/momentum_clustering/README.md`).
 * `warmup_rounds`: the K centres are seeded by farthest-first traversal of
   the momenta (a random first client, then repeatedly the client farthest
   from every chosen centre) at round `warmup_rounds`; before it every client
