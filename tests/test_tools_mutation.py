@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from tools import mutation as tool
+from tools.mutation import tally
 
 
 def _mutants(preset):
@@ -93,3 +94,25 @@ def test_site_fingerprint_names_the_function_and_hashes_its_source():
   c = tool.site_fingerprint(path, line_of("p.add_argument(\"--seed\""), tests)
   assert a == b and a["function"] == "select" and c["function"] == "main"
   assert c["source_sha"] != a["source_sha"] and c["tests_sha"] == a["tests_sha"]
+
+
+def test_tally_applies_reruns_and_gives_the_wilson_interval():
+  """Seen to fail when the interval is the normal (Wald) one, when errors
+  count in the denominator, and when a rerun does not replace the survivor."""
+  lo, hi = tally.wilson(40, 40)
+  assert np.isclose(lo, 40 / (40 + 1.96**2)) and hi == 1.0
+  lo, hi = tally.wilson(9, 10)  # Wilson (1927): 0.596-0.982.
+  assert np.isclose(lo, 0.5958, atol=1e-4) and np.isclose(hi, 0.9821, atol=1e-4)
+  m = lambda i, status, kind="binop": dict(
+      index=i, path="m.py", function="f", line=i, before="a", after="b",
+      kind=kind, status=status)
+  sample = dict(presets=["p"], operator_mutants=100, mutants=[
+      m(0, "killed"), m(1, "timeout"), m(2, "survived"), m(3, "survived"),
+      m(4, "error"), m(5, "pending"), m(6, "killed", "edit")])
+  r = tally.row(sample, {tally.key(m(2, "killed")): m(2, "killed")})
+  assert (r["run"], r["killed"], r["timeouts"], r["survived"], r["errors"],
+          r["fixed"], r["still"]) == (5, 1, 1, 2, 1, 1, [3])
+  assert r["killed_after"] == 3 and r["share"] == 0.75
+  assert r["projected"] == (round(100 * r["lo"]), round(100 * r["hi"]))
+  assert "| `p` | 100 | 5 | 1 | 1 | 2 | 1 | #3 | 1 | 3/4 = 75.0% |" in (
+      tally.markdown([r]))

@@ -105,6 +105,10 @@ def main(argv=None) -> int:
                  "with --seed, and every edit; --only then narrows it")
   p.add_argument("--seed", type=int, default=0,
                  help="the seed of --sample (default 0)")
+  p.add_argument("--budget", type=float, default=None,
+                 help="seconds of wall time after which no new mutant starts "
+                 "(those left are recorded as pending; with --sample, the "
+                 "mutants done are the sample of their number)")
   p.add_argument("--list", action="store_true",
                  help="print the mutants and exit")
   p.add_argument("--out", default=None, help="JSON results file")
@@ -128,6 +132,8 @@ def main(argv=None) -> int:
     p.error("--workers must be >= 1")
   if args.every < 1:
     p.error("--every must be >= 1")
+  if args.budget is not None and args.budget <= 0:
+    p.error(f"--budget must be > 0 seconds, got {args.budget}")
   if args.sample is not None and args.sample < 0:
     p.error(f"--sample must be >= 0, got {args.sample}")
 
@@ -174,38 +180,43 @@ def main(argv=None) -> int:
             f.write(unparsed_source(path))
     else:
       workers = [WorkerProcess() for _ in range(args.workers)]
-    clean = {}
-    for tests in sorted({tests_of[m.index] for m in todo}):
-      if args.skip_clean:
-        clean[tests] = None
-        continue
-      if args.isolation == "process":
-        status, seconds, failed = run_tests_in_subprocess(scratches[0], tests,
-                                                          3600)
-      else:
-        r = workers[0].ask(dict(kind="clean", tests=tests, timeout=3600))
-        status, seconds, failed = ((r["status"], r["seconds"], r["failed"])
-                                   if r else ("error", 0.0, "worker died"))
-      if status != "survived":
-        print(f"the tests fail without any mutant ({status}): {failed}")
-        return 2
-      clean[tests] = seconds
-      print(f"clean run of {' '.join(tests)}: {seconds:.1f} s", flush=True)
+    clean: Dict[Tuple[str, ...], object] = {}
+    clean_lock = threading.Lock()
+
+    def clean_run(tests, run):
+      """Seconds of the tests' run without a mutant (None: --skip-clean), or
+      why they fail without one; run once per test set, when first needed."""
+      tests = tuple(sorted(tests))  # The same set in another order.
+      with clean_lock:
+        if tests not in clean and args.skip_clean:
+          clean[tests] = None
+        elif tests not in clean:
+          status, seconds, failed = run(tests, 3600)
+          clean[tests] = (seconds if status == "survived" else
+                          f"its tests fail without any mutant ({status}): "
+                          f"{failed}")
+          print(f"clean run of {' '.join(tests)}: {clean[tests]}", flush=True)
+        return clean[tests]
 
     def timeout_of(m):
       if args.timeout:
         return args.timeout
-      c = clean[tests_of[m.index]]
+      c = clean[tuple(sorted(tests_of[m.index]))]
       return 1800.0 if c is None else max(120.0, 3.0 * c)
 
     lock = threading.Lock()
     queue = list(todo)
     done = []
     header = dict(
+        presets=args.preset, operator_mutants=sum(
+            m.kind != "edit" for m in mutants),
         targets=[str(t) for t in targets], workers=args.workers,
         isolation=args.isolation, every=args.every, sample=args.sample,
-        seed=args.seed,
-        clean_run_s={" ".join(k): v for k, v in clean.items()})
+        seed=args.seed, budget=args.budget)
+
+    def state(elapsed):
+      return dict(header, total_s=elapsed, loadavg_end=os.getloadavg(),
+                  clean_run_s={" ".join(k): v for k, v in clean.items()})
 
     def report(m):
       with lock:
@@ -219,16 +230,29 @@ def main(argv=None) -> int:
               f"({m.seconds:.0f} s) | killed {killed}, survived "
               f"{n - killed}, ~{left / 60:.0f} min left", flush=True)
         if args.out:
-          _save(args.out, dict(header, total_s=elapsed,
-                               loadavg_end=os.getloadavg()), todo, tests_of)
+          _save(args.out, state(elapsed), todo, tests_of)
 
     def take():
       with lock:
+        if args.budget and time.perf_counter() - t0 > args.budget:
+          return None
         return queue.pop(0) if queue else None
+
+    def unclean(m, run):
+      """Records an error for `m` if its tests fail without any mutant."""
+      c = clean_run(tests_of[m.index], run)
+      if isinstance(c, str):
+        m.status, m.failed = "error", c
+        report(m)
+      return isinstance(c, str)
 
     def serve_process(w):
       scratch = scratches[w]
+      run = lambda tests, timeout: run_tests_in_subprocess(scratch, tests,
+                                                           timeout)
       while (m := take()) is not None:
+        if unclean(m, run):
+          continue
         dest = os.path.join(scratch, m.path)
         try:
           with open(dest, "w", encoding="utf-8") as f:
@@ -241,7 +265,13 @@ def main(argv=None) -> int:
         report(m)
 
     def serve_inprocess(w):
+      def run(tests, timeout):
+        r = workers[w].ask(dict(kind="clean", tests=tests, timeout=timeout))
+        return ((r["status"], r["seconds"], r["failed"]) if r else
+                ("error", 0.0, "worker died"))
       while (m := take()) is not None:
+        if unclean(m, run):
+          continue
         job = dict(kind="mutant", mutant=dataclasses.asdict(m),
                    tests=tests_of[m.index], timeout=timeout_of(m))
         t_start = time.perf_counter()
@@ -266,13 +296,13 @@ def main(argv=None) -> int:
 
   killed = [m for m in todo if m.status in ("killed", "timeout")]
   survived = [m for m in todo if m.status == "survived"]
-  errors = [m for m in todo if m.status not in ("killed", "timeout",
-                                                "survived")]
+  pending = [m for m in todo if m.status == "pending"]
+  errors = [m for m in todo if m.status == "error"]
   timeouts = sum(m.status == "timeout" for m in todo)
-  print(f"\n{len(todo)} mutants: {len(killed)} killed ({timeouts} of them by "
-        f"timeout), {len(survived)} "
-        f"survived, {len(errors)} errors, {total_s / 60:.1f} min "
-        f"({args.workers} workers, {args.isolation}, load "
+  print(f"\n{len(todo) - len(pending)} of {len(todo)} mutants run: "
+        f"{len(killed)} killed ({timeouts} of them by timeout), "
+        f"{len(survived)} survived, {len(errors)} errors, {total_s / 60:.1f} "
+        f"min ({args.workers} workers, {args.isolation}, load "
         f"{os.getloadavg()[0]:.1f} at the end)")
   for m in survived:
     print(f"  survived #{m.index} {m.path}:{m.line} [{m.kind}] {m.before!r}"
@@ -280,8 +310,7 @@ def main(argv=None) -> int:
   for m in errors:
     print(f"  error #{m.index} {m.path}:{m.line}: {m.failed}")
   if args.out:
-    _save(args.out, dict(header, total_s=total_s, loadavg_end=os.getloadavg()),
-          todo, tests_of)
+    _save(args.out, state(total_s), todo, tests_of)
     print(f"saved {args.out}")
-  return 0
+  return 2 if any(isinstance(c, str) for c in clean.values()) else 0
 
