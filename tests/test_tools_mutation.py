@@ -4,9 +4,11 @@ run by hand, not in CI)."""
 
 import ast
 
+import numpy as np
 import pytest
 
 from tools import mutation as tool
+from tools.mutation import tally
 
 
 def _mutants(preset):
@@ -48,3 +50,69 @@ def test_preset_mutants_compile_and_apply_in_process(preset):
     with open(m.path, encoding="utf-8") as f:
       assert source not in (f.read(), tool.unparsed_source(m.path))
     tool.inprocess_site(m.path, m.line)  # In-process mode applies.
+
+
+def _fake(n_ops, n_edits):
+  kinds = ["binop"] * n_ops + ["edit"] * n_edits
+  return [tool.Mutant(i, "m.py", i + 1, k, "a", "b", -1, 0)
+          for i, k in enumerate(kinds)]
+
+
+def test_sample_is_seeded_uniform_without_replacement_plus_every_edit():
+  """Seen to fail when the sample draws with replacement (`choices`), takes
+  the first mutants unshuffled, ignores the seed, drops the edits, or runs
+  in listing order (a stopped run is then not a smaller sample)."""
+  mutants = _fake(200, 3)
+  index = lambda **kw: [m.index for m in tool.select(mutants, **kw)]
+  first = index(sample=40, seed=7)
+  assert first[-3:] == [200, 201, 202]  # Every edit, after the sample.
+  assert len(set(first)) == 43 and max(first[:-3]) < 200
+  assert first == index(sample=40, seed=7) != index(sample=40, seed=8)
+  # A larger sample extends a smaller one, in the same order.
+  assert index(sample=120, seed=7)[:40] == first[:40]
+  assert index(sample=5, seed=7)[:5] == first[:5] != sorted(first[:5])
+  assert sorted(index(sample=10**6)) == list(range(203))
+  # --every first, --only last.
+  assert set(index(every=50, sample=2)[:2]) <= {0, 50, 100, 150}
+  assert index(only={first[0], 201}, sample=40, seed=7) == [first[0], 201]
+  # Uniform: over many seeds every operator mutant is drawn about as often.
+  counts = np.zeros(200)
+  for seed in range(400):
+    counts[index(sample=20, seed=seed)[:-3]] += 1
+  assert counts.sum() == 400 * 20
+  assert counts.min() > 15 and counts.max() < 70  # Mean 40, sd ~6.
+
+
+def test_site_fingerprint_names_the_function_and_hashes_its_source():
+  """Seen to fail when the fingerprint hashes the whole module (lines of two
+  functions then share it) instead of the function holding the line."""
+  path, tests = "tools/mutation/cli.py", ["tests/test_tools_mutation.py::x"]
+  source = open(path, encoding="utf-8").read().split("\n")
+  line_of = lambda text: next(i for i, s in enumerate(source, 1) if text in s)
+  a = tool.site_fingerprint(path, line_of("random.Random(seed)"), tests)
+  b = tool.site_fingerprint(path, line_of("ops = ops[:sample]"), tests)
+  c = tool.site_fingerprint(path, line_of("p.add_argument(\"--seed\""), tests)
+  assert a == b and a["function"] == "select" and c["function"] == "main"
+  assert c["source_sha"] != a["source_sha"] and c["tests_sha"] == a["tests_sha"]
+
+
+def test_tally_applies_reruns_and_gives_the_wilson_interval():
+  """Seen to fail when the interval is the normal (Wald) one, when errors
+  count in the denominator, and when a rerun does not replace the survivor."""
+  lo, hi = tally.wilson(40, 40)
+  assert np.isclose(lo, 40 / (40 + 1.96**2)) and hi == 1.0
+  lo, hi = tally.wilson(9, 10)  # Wilson (1927): 0.596-0.982.
+  assert np.isclose(lo, 0.5958, atol=1e-4) and np.isclose(hi, 0.9821, atol=1e-4)
+  m = lambda i, status, kind="binop": dict(
+      index=i, path="m.py", function="f", line=i, before="a", after="b",
+      kind=kind, status=status)
+  sample = dict(presets=["p"], operator_mutants=100, mutants=[
+      m(0, "killed"), m(1, "timeout"), m(2, "survived"), m(3, "survived"),
+      m(4, "error"), m(5, "pending"), m(6, "killed", "edit")])
+  r = tally.row(sample, {tally.key(m(2, "killed")): m(2, "killed")})
+  assert (r["run"], r["killed"], r["timeouts"], r["survived"], r["errors"],
+          r["fixed"], r["still"]) == (5, 1, 1, 2, 1, 1, [3])
+  assert r["killed_after"] == 3 and r["share"] == 0.75
+  assert r["projected"] == (round(100 * r["lo"]), round(100 * r["hi"]))
+  assert "| `p` | 100 | 5 | 1 | 1 | 2 | 1 | #3 | 1 | 3/4 = 75.0% |" in (
+      tally.markdown([r]))

@@ -41,6 +41,7 @@ at trace time or is clamped away by JAX's indexing.
   python -m tools.mutation --preset core --list         # the mutants
   python -m tools.mutation --preset core --workers 2 --out mutation.json
   python -m tools.mutation --preset core --only 12,40   # rerun two mutants
+  python -m tools.mutation --preset train --sample 40 --seed 0  # a sample
   python -m tools.mutation --target \
       "prfl_jax/clustering/radius.py:masked_quantile=tests/test_clustering.py"
 
@@ -54,6 +55,7 @@ mutant's tests in-process or in a fresh process), `cli` (the command line).
 """
 
 from tools.mutation.cli import main
+from tools.mutation.cli import select
 from tools.mutation.operators import Mutant
 from tools.mutation.operators import edit_mutant
 from tools.mutation.operators import generate
@@ -63,3 +65,4 @@ from tools.mutation.presets import PRESETS
 from tools.mutation.presets import Target
 from tools.mutation.presets import resolve_preset
 from tools.mutation.workers import inprocess_site
+from tools.mutation.workers import site_fingerprint

@@ -6,11 +6,12 @@ import concurrent.futures
 import dataclasses
 import json
 import os
+import random
 import shutil
 import tempfile
 import threading
 import time
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 import tools.mutation as package
 from tools.mutation.operators import Mutant
@@ -27,7 +28,46 @@ from tools.mutation.workers import WorkerProcess
 from tools.mutation.workers import inprocess_site
 from tools.mutation.workers import make_scratch
 from tools.mutation.workers import run_tests_in_subprocess
+from tools.mutation.workers import site_fingerprint
 from tools.mutation.workers import worker
+
+
+def select(mutants: List[Mutant], only: Optional[Set[int]] = None,
+           every: int = 1, sample: Optional[int] = None,
+           seed: int = 0) -> List[Mutant]:
+  """The mutants to run, in the order they run.
+
+  Of the operator mutants: those whose number is a multiple of `every`; of
+  these, if `sample` is given, the first `sample` of a permutation drawn with
+  `seed` (uniform without replacement), in that order, so that a larger
+  `sample` extends a smaller one and the first n mutants a run finishes are
+  the sample of n. Then every edit. Then only those in `only` (all if None).
+  """
+  ops = [m for m in mutants if m.kind != "edit" and m.index % every == 0]
+  if sample is not None:
+    random.Random(seed).shuffle(ops)
+    ops = ops[:sample]
+  return [m for m in ops + [m for m in mutants if m.kind == "edit"]
+          if only is None or m.index in only]
+
+
+def _save(path: str, header: dict, todo: List[Mutant],
+          tests_of: Dict[int, Tuple[str, ...]]) -> None:
+  """Writes the run so far (atomically: after every mutant, so a stopped
+  run keeps what it finished)."""
+  done = [m for m in todo if m.status != "pending"]
+  count = lambda *s: sum(m.status in s for m in done)
+  result = dict(header, counts=dict(
+      mutants=len(todo), done=len(done), killed=count("killed", "timeout"),
+      timeouts=count("timeout"), survived=count("survived"),
+      errors=len(done) - count("killed", "timeout", "survived")),
+                mutants=[dict(dataclasses.asdict(m), tests=tests_of[m.index],
+                              **site_fingerprint(m.path, m.line,
+                                                 tests_of[m.index]))
+                         for m in todo])
+  with open(path + ".tmp", "w", encoding="utf-8") as f:
+    json.dump(result, f, indent=1)
+  os.replace(path + ".tmp", path)
 
 
 def main(argv=None) -> int:
@@ -59,6 +99,16 @@ def main(argv=None) -> int:
   p.add_argument("--every", type=int, default=1,
                  help="a deterministic sample: only the mutants whose number "
                  "is a multiple of EVERY, and every edit (default 1: all)")
+  p.add_argument("--sample", type=int, default=None,
+                 help="a seeded random sample: the first SAMPLE operator "
+                 "mutants (of those --every keeps) of a permutation drawn "
+                 "with --seed, and every edit; --only then narrows it")
+  p.add_argument("--seed", type=int, default=0,
+                 help="the seed of --sample (default 0)")
+  p.add_argument("--budget", type=float, default=None,
+                 help="seconds of wall time after which no new mutant starts "
+                 "(those left are recorded as pending; with --sample, the "
+                 "mutants done are the sample of their number)")
   p.add_argument("--list", action="store_true",
                  help="print the mutants and exit")
   p.add_argument("--out", default=None, help="JSON results file")
@@ -82,6 +132,10 @@ def main(argv=None) -> int:
     p.error("--workers must be >= 1")
   if args.every < 1:
     p.error("--every must be >= 1")
+  if args.budget is not None and args.budget <= 0:
+    p.error(f"--budget must be > 0 seconds, got {args.budget}")
+  if args.sample is not None and args.sample < 0:
+    p.error(f"--sample must be >= 0, got {args.sample}")
 
   mutants: List[Mutant] = []
   tests_of: Dict[int, Tuple[str, ...]] = {}
@@ -103,13 +157,12 @@ def main(argv=None) -> int:
   print(f"{len(mutants)} mutants in {len(targets)} targets:", flush=True)
   for t in targets:
     print(f"  {t}")
+  todo = select(mutants, only, args.every, args.sample, args.seed)
   if args.list:
-    for m in mutants:
+    for m in todo:
       print(f"{m.index:4d} {m.path}:{m.line} {m.kind:15s} {m.before!r} -> "
             f"{m.after!r}" + (f"  [{m.why}]" if m.why else ""))
     return 0
-  todo = [m for m in mutants if (only is None or m.index in only) and (
-      m.index % args.every == 0 or m.kind == "edit")]
   if args.isolation == "inprocess":
     for m in todo:
       inprocess_site(m.path, m.line)  # Fails early if not applicable.
@@ -127,33 +180,43 @@ def main(argv=None) -> int:
             f.write(unparsed_source(path))
     else:
       workers = [WorkerProcess() for _ in range(args.workers)]
-    clean = {}
-    for tests in sorted({tests_of[m.index] for m in todo}):
-      if args.skip_clean:
-        clean[tests] = None
-        continue
-      if args.isolation == "process":
-        status, seconds, failed = run_tests_in_subprocess(scratches[0], tests,
-                                                          3600)
-      else:
-        r = workers[0].ask(dict(kind="clean", tests=tests, timeout=3600))
-        status, seconds, failed = ((r["status"], r["seconds"], r["failed"])
-                                   if r else ("error", 0.0, "worker died"))
-      if status != "survived":
-        print(f"the tests fail without any mutant ({status}): {failed}")
-        return 2
-      clean[tests] = seconds
-      print(f"clean run of {' '.join(tests)}: {seconds:.1f} s", flush=True)
+    clean: Dict[Tuple[str, ...], object] = {}
+    clean_lock = threading.Lock()
+
+    def clean_run(tests, run):
+      """Seconds of the tests' run without a mutant (None: --skip-clean), or
+      why they fail without one; run once per test set, when first needed."""
+      tests = tuple(sorted(tests))  # The same set in another order.
+      with clean_lock:
+        if tests not in clean and args.skip_clean:
+          clean[tests] = None
+        elif tests not in clean:
+          status, seconds, failed = run(tests, 3600)
+          clean[tests] = (seconds if status == "survived" else
+                          f"its tests fail without any mutant ({status}): "
+                          f"{failed}")
+          print(f"clean run of {' '.join(tests)}: {clean[tests]}", flush=True)
+        return clean[tests]
 
     def timeout_of(m):
       if args.timeout:
         return args.timeout
-      c = clean[tests_of[m.index]]
+      c = clean[tuple(sorted(tests_of[m.index]))]
       return 1800.0 if c is None else max(120.0, 3.0 * c)
 
     lock = threading.Lock()
     queue = list(todo)
     done = []
+    header = dict(
+        presets=args.preset, operator_mutants=sum(
+            m.kind != "edit" for m in mutants),
+        targets=[str(t) for t in targets], workers=args.workers,
+        isolation=args.isolation, every=args.every, sample=args.sample,
+        seed=args.seed, budget=args.budget)
+
+    def state(elapsed):
+      return dict(header, total_s=elapsed, loadavg_end=os.getloadavg(),
+                  clean_run_s={" ".join(k): v for k, v in clean.items()})
 
     def report(m):
       with lock:
@@ -166,14 +229,30 @@ def main(argv=None) -> int:
               f"{m.path}:{m.line} {m.before!r} -> {m.after!r} "
               f"({m.seconds:.0f} s) | killed {killed}, survived "
               f"{n - killed}, ~{left / 60:.0f} min left", flush=True)
+        if args.out:
+          _save(args.out, state(elapsed), todo, tests_of)
 
     def take():
       with lock:
+        if args.budget and time.perf_counter() - t0 > args.budget:
+          return None
         return queue.pop(0) if queue else None
+
+    def unclean(m, run):
+      """Records an error for `m` if its tests fail without any mutant."""
+      c = clean_run(tests_of[m.index], run)
+      if isinstance(c, str):
+        m.status, m.failed = "error", c
+        report(m)
+      return isinstance(c, str)
 
     def serve_process(w):
       scratch = scratches[w]
+      run = lambda tests, timeout: run_tests_in_subprocess(scratch, tests,
+                                                           timeout)
       while (m := take()) is not None:
+        if unclean(m, run):
+          continue
         dest = os.path.join(scratch, m.path)
         try:
           with open(dest, "w", encoding="utf-8") as f:
@@ -186,7 +265,13 @@ def main(argv=None) -> int:
         report(m)
 
     def serve_inprocess(w):
+      def run(tests, timeout):
+        r = workers[w].ask(dict(kind="clean", tests=tests, timeout=timeout))
+        return ((r["status"], r["seconds"], r["failed"]) if r else
+                ("error", 0.0, "worker died"))
       while (m := take()) is not None:
+        if unclean(m, run):
+          continue
         job = dict(kind="mutant", mutant=dataclasses.asdict(m),
                    tests=tests_of[m.index], timeout=timeout_of(m))
         t_start = time.perf_counter()
@@ -211,11 +296,13 @@ def main(argv=None) -> int:
 
   killed = [m for m in todo if m.status in ("killed", "timeout")]
   survived = [m for m in todo if m.status == "survived"]
-  errors = [m for m in todo if m.status not in ("killed", "timeout",
-                                                "survived")]
-  print(f"\n{len(todo)} mutants: {len(killed)} killed, {len(survived)} "
-        f"survived, {len(errors)} errors, {total_s / 60:.1f} min "
-        f"({args.workers} workers, {args.isolation}, load "
+  pending = [m for m in todo if m.status == "pending"]
+  errors = [m for m in todo if m.status == "error"]
+  timeouts = sum(m.status == "timeout" for m in todo)
+  print(f"\n{len(todo) - len(pending)} of {len(todo)} mutants run: "
+        f"{len(killed)} killed ({timeouts} of them by timeout), "
+        f"{len(survived)} survived, {len(errors)} errors, {total_s / 60:.1f} "
+        f"min ({args.workers} workers, {args.isolation}, load "
         f"{os.getloadavg()[0]:.1f} at the end)")
   for m in survived:
     print(f"  survived #{m.index} {m.path}:{m.line} [{m.kind}] {m.before!r}"
@@ -223,19 +310,7 @@ def main(argv=None) -> int:
   for m in errors:
     print(f"  error #{m.index} {m.path}:{m.line}: {m.failed}")
   if args.out:
-    result = dict(
-        targets=[str(t) for t in targets], workers=args.workers,
-        isolation=args.isolation, every=args.every,
-        clean_run_s={" ".join(k): v for k, v in clean.items()},
-        total_s=total_s, loadavg_end=os.getloadavg(),
-        counts=dict(mutants=len(todo), killed=len(killed),
-                    survived=len(survived), errors=len(errors)),
-        mutants=[dict(dataclasses.asdict(m), tests=tests_of[m.index])
-                 for m in todo])
-    tmp_out = args.out + ".tmp"
-    with open(tmp_out, "w", encoding="utf-8") as f:
-      json.dump(result, f, indent=1)
-    os.replace(tmp_out, args.out)
+    _save(args.out, state(total_s), todo, tests_of)
     print(f"saved {args.out}")
-  return 0
+  return 2 if any(isinstance(c, str) for c in clean.values()) else 0
 

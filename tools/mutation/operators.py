@@ -33,7 +33,6 @@ _CALL_SWAP = {
 
 
 @dataclasses.dataclass
-@dataclasses.dataclass
 class Mutant:
   """One change to one node (or, for an edit, one text span) of one module."""
   index: int  # Run-wide number, stable for the same sources and targets.

@@ -3,6 +3,7 @@ mutated code in (`inprocess`), or in a fresh pytest process on a scratch copy
 of the repository (`process`)."""
 
 import ast
+import hashlib
 import json
 import os
 import re
@@ -89,6 +90,34 @@ def inprocess_site(path: str, line: int) -> Tuple[str, str]:
   raise SystemExit(
       f"error: {path}:{line} is neither in a top-level function nor a "
       "module-level constant; use --isolation process for it")
+
+
+def site_fingerprint(path: str, line: int, tests: Sequence[str]) -> dict:
+  """What identifies a mutant's result across runs and sessions: the
+  top-level function or constant holding `path:line` (None if neither), the
+  sha256 of its source, and of its test files with `tests/conftest.py`.
+
+  Equal fingerprints do not prove the same outcome (the tests also run code
+  outside the mutated function), so no run skips a mutant on them; they let a
+  reader match results of different sessions.
+  """
+  source = open(os.path.join(REPO, path), encoding="utf-8").read()
+  node = next((n for n in ast.parse(source).body
+               if n.lineno <= line <= n.end_lineno), None)
+  name = getattr(node, "name", None)
+  if isinstance(node, (ast.Assign, ast.AnnAssign)):
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    name = ",".join(t.id for t in targets if isinstance(t, ast.Name)) or None
+  segment = ast.get_source_segment(source, node) if node else ""
+  files = sorted({t.split("::")[0] for t in tests} | {"tests/conftest.py"})
+  digest = hashlib.sha256()
+  for f in files:
+    full = os.path.join(REPO, f)
+    if os.path.exists(full):
+      digest.update(f.encode() + b"\0" + open(full, "rb").read())
+  return dict(function=name,
+              source_sha=hashlib.sha256(segment.encode()).hexdigest()[:16],
+              tests_sha=digest.hexdigest()[:16])
 
 
 def _module_name(path: str) -> str:
