@@ -16,6 +16,7 @@ import pytest
 
 import prfl_jax as prfl
 from prfl_jax import attacks
+from prfl_jax.attacks import base
 
 N, F = 10, 3
 
@@ -90,6 +91,54 @@ def test_optimised_attacks_replay_byzfl(kind):
   np.testing.assert_allclose(out[byz], np.repeat(vec(tau)[None], F, 0),
                              rtol=1e-4, atol=1e-4)
   np.testing.assert_array_equal(out[~byz], x[~byz])
+
+
+def test_in_span_search_matches_the_full_search():
+  """The search on `span_coordinates` keeps every distance between rows
+  (hence any objective of distances alone, such as `threshold_objective`:
+  its compile alone takes 5 s, so a cheaper one is searched here) and sends
+  the same Byzantine rows as the search on the full rows. Seen to fail
+  when the coordinates drop the eigenvalues' square root (`vectors`
+  alone)."""
+  msgs = _messages(7)
+
+  def objective(attacked, honest, byzantine):
+    """Peaks where a Byzantine row is at distance 2 from the benign mean."""
+    mean, _ = base.benign_stats(honest, byzantine)
+    gap = prfl.tree.sq_distances(attacked, jax.tree.map(
+        lambda m: m[None], mean))[:, 0]
+    return -jnp.square(jnp.sqrt(jnp.max(jnp.where(byzantine, gap, 0.0))) - 2)
+
+  full = jax.jit(attacks.optimised_alie(objective, evals=8))(msgs, BYZ,
+                                                    jax.random.key(0))
+  fast = jax.jit(attacks.optimised_alie(objective, evals=8, in_span=True))(
+      msgs, BYZ, jax.random.key(0))
+  assert not np.allclose(_flat(full)[-1], _flat(msgs)[-1])
+  np.testing.assert_allclose(_flat(fast), _flat(full), rtol=1e-4, atol=1e-5)
+  # Distances between rows, origin + tau * step swapped in, are kept.
+  first, second = (jax.tree.map(lambda m: m[i], msgs) for i in (0, 1))
+  rows, origin, step = map(np.asarray, attacks.span_coordinates(
+      msgs, first, second))
+  x, byz = _flat(msgs), np.asarray(BYZ)[:, None]
+  # Squared: their rounding is float32's on the squared norms (gram).
+  dist = lambda z: np.sum(np.square(z[:, None] - z[None]), axis=-1)
+  for tau in (0.0, 0.7, 3.0):
+    np.testing.assert_allclose(
+        dist(np.where(byz, origin + tau * step, rows)),
+        dist(np.where(byz, x[0] + tau * x[1], x)), rtol=1e-4, atol=1e-4)
+
+
+def test_span_coordinates_keep_non_finite_rows_out():
+  msgs = _messages(8)
+  msgs["a"] = msgs["a"].at[2, 0].set(jnp.nan)
+  zero = jax.tree.map(lambda m: jnp.zeros_like(m[0]), msgs)
+  rows, _, _ = attacks.span_coordinates(msgs, zero, zero)
+  rows = np.asarray(rows)
+  assert np.all(np.isnan(rows[2])) and np.all(np.isfinite(np.delete(rows, 2,
+                                                                    0)))
+  x = np.delete(_flat(msgs), 2, 0)
+  rows = np.delete(rows, 2, 0)
+  np.testing.assert_allclose(rows @ rows.T, x @ x.T, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("use_sum", [False, True])

@@ -46,6 +46,7 @@ from prfl_jax.attacks.optimised import min_sum
 from prfl_jax.attacks.optimised import Objective
 from prfl_jax.attacks.optimised import optimised_alie
 from prfl_jax.attacks.optimised import optimised_ipm
+from prfl_jax.attacks.optimised import span_coordinates
 from prfl_jax.attacks.optimised import threshold_objective
 from prfl_jax.attacks.simple import alie
 from prfl_jax.attacks.simple import bit_flip

@@ -9,7 +9,9 @@
   they are to each other.
 
 `mu` and `sd` are the benign rows' coordinate-wise mean and standard
-deviation; every Byzantine client sends the same vector.
+deviation; every Byzantine client sends the same vector. Against an
+objective of distances alone (`threshold_objective`) the search may run on
+`span_coordinates`, N + 2 numbers per row instead of the model's P.
 """
 
 import math
@@ -107,26 +109,65 @@ def line_search(score, evals: int, start: float, delta: float,
   return lax.fori_loop(0, evals - 1, body, init)[0]
 
 
-def _optimised(direction, objective, evals, start, delta, ratio) -> Attack:
+def span_coordinates(messages, origin, step):
+  """Exact coordinates of the rows, `origin` and `step` in their span.
+
+  Every vector `row_i`, `origin + tau * step` and affine combination of
+  them keeps its inner products (hence distances and norms) when written in
+  the `R = N + 2` coordinates of `X = U sqrt(L)`, where `G = U L U^T` is the
+  Gram matrix of the `[N + 2, P]` stack (one `O(N^2 P)` product; the
+  eigendecomposition is `O(N^3)`). An objective of distances alone can then
+  be evaluated in `R` dimensions instead of `P`. Non-finite rows are left
+  out of the Gram matrix and come back as NaN rows.
+
+  Args:
+    messages: leaves `[N, ...]`.
+    origin, step: leaves `[...]`.
+
+  Returns:
+    `(rows [N, R], origin [R], step [R])`, one-leaf arrays.
+  """
+  n = tree_lib.num_leading(messages)
+  stack = jax.tree.map(lambda m, o, s: jnp.concatenate([m, o[None], s[None]]),
+                       messages, origin, step)
+  finite = tree_lib.usable(stack)
+  stack = tree_lib.where(finite, stack, jax.tree.map(jnp.zeros_like, stack))
+  values, vectors = jnp.linalg.eigh(tree_lib.gram(stack))
+  coords = vectors * jnp.sqrt(jnp.maximum(values, 0.0))[None, :]
+  coords = jnp.where(finite[:, None], coords, jnp.nan)
+  return coords[:n], coords[n], coords[n + 1]
+
+
+def _optimised(direction, objective, evals, start, delta, ratio,
+               in_span) -> Attack:
   """Byzantine rows `base + tau * step` with tau from `line_search`."""
   if not callable(objective):
     raise TypeError(f"`objective` must be callable, got {type(objective)}.")
   _check_search(evals, start, delta, ratio)
+  if not isinstance(in_span, bool):
+    raise TypeError(f"`in_span` must be a bool, got {in_span!r}.")
+
+  def search(messages, origin, step, byzantine):
+    vector = lambda tau: jax.tree.map(lambda o, s: o + tau * s, origin, step)
+    score = lambda tau: objective(
+        base.replace(messages, byzantine, vector(tau)), messages, byzantine)
+    return line_search(score, evals, start, delta, ratio)
 
   def attack(messages, byzantine, key):
     del key  # Unused.
     origin, step = direction(messages, byzantine)
-    vector = lambda tau: jax.tree.map(lambda o, s: o + tau * s, origin, step)
-    score = lambda tau: objective(
-        base.replace(messages, byzantine, vector(tau)), messages, byzantine)
-    tau = line_search(score, evals, start, delta, ratio)
-    return base.replace(messages, byzantine, vector(tau))
+    if in_span:
+      tau = search(*span_coordinates(messages, origin, step), byzantine)
+    else:
+      tau = search(messages, origin, step, byzantine)
+    return base.replace(messages, byzantine, jax.tree.map(
+        lambda o, s: o + tau * s, origin, step))
   return attack
 
 
 def optimised_alie(objective: Objective, *, evals: int = 20,
                    start: float = 0.0, delta: float = 10.0,
-                   ratio: float = 0.8) -> Attack:
+                   ratio: float = 0.8, in_span: bool = False) -> Attack:
   """ALIE with its strength searched every round (ByzFL's Optimal ALIE).
 
   Byzantine rows send `mu + tau * sd` (`sd` the sample standard deviation,
@@ -136,6 +177,10 @@ def optimised_alie(objective: Objective, *, evals: int = 20,
     objective: what to maximise, e.g. `aggregator_objective(median())` or,
       against Federated-Clustering, `threshold_objective(radius, steps)`.
     evals, start, delta, ratio: the search (ByzFL's defaults).
+    in_span: evaluate `objective` on `span_coordinates` (N + 2 numbers per
+      row, one Gram matrix per attack instead of those of every
+      evaluation). Only for objectives of the rows' distances alone, such
+      as `threshold_objective`; not for coordinate-wise aggregators.
 
   References:
     Baruch, Baruch and Goldberg, 2019 (ALIE); ByzFL's
@@ -143,18 +188,20 @@ def optimised_alie(objective: Objective, *, evals: int = 20,
   """
   def direction(messages, byzantine):
     return base.benign_stats(messages, byzantine, ddof=1)
-  return _optimised(direction, objective, evals, start, delta, ratio)
+  return _optimised(direction, objective, evals, start, delta, ratio,
+                    in_span)
 
 
 def optimised_ipm(objective: Objective, *, evals: int = 20,
                   start: float = 0.0, delta: float = 10.0,
-                  ratio: float = 0.8) -> Attack:
+                  ratio: float = 0.8, in_span: bool = False) -> Attack:
   """IPM with its strength searched every round (ByzFL's Optimal IPM).
 
   Byzantine rows send `-tau * mu`, tau from `line_search` on `objective`.
 
   Args:
-    objective, evals, start, delta, ratio: as in `optimised_alie`.
+    objective, evals, start, delta, ratio, in_span: as in
+      `optimised_alie`.
 
   References:
     Xie, Koyejo and Gupta, 2020 (IPM); ByzFL's
@@ -164,7 +211,8 @@ def optimised_ipm(objective: Objective, *, evals: int = 20,
     mean, _ = base.benign_stats(messages, byzantine)
     return jax.tree.map(jnp.zeros_like, mean), jax.tree.map(jnp.negative,
                                                             mean)
-  return _optimised(direction, objective, evals, start, delta, ratio)
+  return _optimised(direction, objective, evals, start, delta, ratio,
+                    in_span)
 
 
 _PERTURBATIONS = ("std", "unit", "sign")
