@@ -172,6 +172,9 @@ class Baselines:
       False, "Momentum-Clustering: move empty or coinciding centres")
   mc_bias_correction: bool = option(
       False, "Momentum-Clustering: cluster bias-corrected momenta")
+  mc_freeze: Optional[int] = option(
+      None, "Momentum-Clustering with mc_balls='assigned': no client "
+      "changes centre from this round on (None: never frozen)", low=1)
 
 
 @dataclasses.dataclass(frozen=True)

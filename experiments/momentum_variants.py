@@ -37,6 +37,7 @@ from experiments import options
 from experiments import training
 from experiments.options import group, option
 
+FREEZE = "--freeze-after"  # Stands for the option's value.
 # name -> momentum_clustering keyword arguments (beyond the paper: all but
 # "paper"; "default" is the library's default).
 VARIANTS = {
@@ -48,6 +49,9 @@ VARIANTS = {
     "default": dict(),
     "default_reseed": dict(reseed=True),
     "default_bias": dict(bias_correction=True),
+    # From round --freeze-after on no client changes centre.
+    "default_freeze": dict(freeze_after=FREEZE),
+    "assigned_freeze": dict(sticky=False, freeze_after=FREEZE),
 }
 BASELINES = ("myopic", "oracle")
 CURVES = ("num_active_clusters", "distinct_centers", "ari", "nmi", "purity",
@@ -77,6 +81,9 @@ class Config:
   assigned_quantile: float = option(
       0.95, "radius quantile of the 'assigned' variants: over a centre's "
       "own clients", low=0, high=1, low_open=True)
+  freeze_after: int = option(
+      20, "the '_freeze' variants: no client changes centre from this round "
+      "on", low=1)
 
 
 def resolve(cfg: Config) -> Config:
@@ -137,7 +144,8 @@ def build(name, cfg: Config, loss_fn, truth, lr, momentum):
         num_clusters=cfg.federation.clusters,
         radius=prfl.quantile_radius(cfg.clustering.quantile), method="gram",
         true_clusters=truth)
-  kw = VARIANTS[name]
+  kw = {k: cfg.freeze_after if v == FREEZE else v
+        for k, v in VARIANTS[name].items()}
   q = (cfg.clustering.quantile if kw.get("balls") == "all" else
        cfg.assigned_quantile)
   return prfl.algorithms.momentum_clustering(

@@ -296,7 +296,7 @@ def _myopic(ctx, s):
 @register("mc", "Momentum-Clustering", reads=_CLUSTERING + (
     "clustering_method", "mc_alpha", "mc_lr_over_alpha", "mc_balls",
     "mc_quantile", "mc_sticky", "mc_warmup", "mc_reseed",
-    "mc_bias_correction"))
+    "mc_bias_correction", "mc_freeze"))
 def _mc(ctx, s):
   """Momentum-Clustering's momentum is `m = alpha g + (1 - alpha) m` with
   alpha = 1 - momentum by default; with the step lr / alpha this is exactly
@@ -315,7 +315,8 @@ def _mc(ctx, s):
       attack=ctx.attack, method=s.clustering_method, balls=s.mc_balls,
       sticky=s.mc_sticky and s.mc_balls == "assigned",
       warmup_rounds=s.mc_warmup, reseed=s.mc_reseed,
-      bias_correction=s.mc_bias_correction, true_clusters=ctx.clusters)
+      bias_correction=s.mc_bias_correction, freeze_after=s.mc_freeze,
+      true_clusters=ctx.clusters)
 
 
 for _name, _agg, _label in (

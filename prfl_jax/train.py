@@ -216,7 +216,9 @@ def train(algorithm: base.Algorithm, params: PyTree,
         clusters=clusters, num_clusters=num_clusters)
     start_round = int(sharding.to_host(runner.result(runner.state).round))
     return _loop(runner, num_rounds=num_rounds, start_round=start_round,
-                 eval_every=eval_every, checkpoint_path=checkpoint_path,
+                 eval_every=checks.resolve_eval_every(
+                     eval_every, start_round, num_rounds),
+                 checkpoint_path=checkpoint_path,
                  run_record=record(), fresh=initial_state is None,
                  verbose=verbose, log=log)
   if params is None and initial_state is not None:
@@ -294,11 +296,14 @@ def train(algorithm: base.Algorithm, params: PyTree,
 
 
 def _loop(runner, *, num_rounds: int, start_round: int,
-          eval_every: Optional[int], checkpoint_path: Optional[str],
+          eval_every: int, checkpoint_path: Optional[str],
           run_record: dict, fresh: bool, verbose: bool,
           log: Callable[[str], None]) -> TrainResult:
-  """Runs the chunks, evaluates, checkpoints and logs; builds the history."""
-  eval_every = checks.resolve_eval_every(eval_every, start_round, num_rounds)
+  """Runs the chunks, evaluates, checkpoints and logs; builds the history.
+
+  `eval_every` is the resolved chunk length
+  (`train_checks.resolve_eval_every`), which the dense path also compiles in.
+  """
   if checkpoint_path is not None:
     checkpoint.check_writable(checkpoint_path)
     saved_rounds = checkpoint.rounds(checkpoint_path)

@@ -16,8 +16,16 @@ from benchmarks import torch_loop
 from benchmarks import zoo
 
 
+@pytest.mark.slow
 def test_smoke_run_agrees_and_writes_json(tmp_path):
-  """`--smoke` on the CNN: torch loop, Gram and automatic kernels agree."""
+  """`--smoke` on the CNN: torch loop, Gram and automatic kernels agree.
+
+  `slow` (a benchmark smoke run, 26 CPU-seconds; not in CI): CI checks the
+  PyTorch twins against the Flax models in
+  test_torch_twin_computes_the_flax_model, and the ghost kernel's centres
+  against the Gram kernel's on a Flax CNN in
+  test_kernels_conv.py::test_engine_ghost_centres_equal_gram_on_a_flax_cnn.
+  """
   pytest.importorskip("torch")
   out = tmp_path / "models.json"
   assert bench_models.main(["--smoke", "--models", "cnn", "--out",

@@ -96,7 +96,17 @@ def test_patches_fast_and_xla_convolutions_agree():
                                rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_prfl_jax_side_runs_and_writes_json(tmp_path):
+  """The prfl_jax side of the benchmark runs and writes its JSON.
+
+  `slow` (a benchmark smoke run, 17 CPU-seconds; not in CI): CI checks the
+  task (test_every_process_makes_the_same_clients,
+  test_cohorts_are_distinct_clients_and_reproducible), the model's
+  convolutions (test_patches_fast_and_xla_convolutions_agree) and FedAvg
+  with `clients_at_once` in
+  test_baselines_core.py::test_fedavg_clients_at_once_trains_the_same_clients.
+  """
   out = tmp_path / "peers.json"
   assert bench_peers.main(TINY_ARGS + ["--systems", "prfl_jax",
                                        "--out", str(out)]) == 0

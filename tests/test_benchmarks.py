@@ -22,7 +22,15 @@ from benchmarks import torch_loop
 from tests import tolerances
 
 
+@pytest.mark.slow
 def test_bench_round_configurations_agree(tmp_path):
+  """Every configuration of the benchmark gives the JAX loop's centres.
+
+  `slow` (a benchmark smoke run, 23 CPU-seconds; not in CI): CI checks that
+  every plan and kernel give the direct kernel's centres in
+  test_ghost.py::test_cluster_at_models_matches_direct, and the PyTorch loop
+  against prfl in test_torch_loop_computes_prfls_centres.
+  """
   out = tmp_path / "round.json"
   status = bench_round.main([
       "--clients", "4", "--batch-size", "3", "--repeats", "1",

@@ -101,6 +101,19 @@ COMMITTED = {
     "sweep/digits_fc_lr_quantile": ("sweep", "digits_fc_lr_quantile", []),
     "momentum_clustering/table1_mc": ("mnist", "paper",
                                       ["--algorithms", "mc"]),
+    "momentum_clustering/freeze_synthetic": ("momentum_variants",
+                                             "freeze_synthetic", []),
+    "momentum_clustering/freeze_digits_rotation": (
+        "momentum_variants", "freeze_digits", ["--task", "rotation"]),
+    "momentum_clustering/freeze_digits_private_label": (
+        "momentum_variants", "freeze_digits", ["--task", "private_label"]),
+    "momentum_clustering/freeze_fashion_rotation": (
+        "momentum_variants", "freeze_fashion_rotation", []),
+    "momentum_clustering/assigned_digits_table1": (
+        "mnist", "digits", ["--algorithms", "mc", "--no-mc-sticky"]),
+    "momentum_clustering/freeze_digits_table1": (
+        "mnist", "digits", ["--algorithms", "mc", "--no-mc-sticky",
+                            "--mc-freeze", "10"]),
 }
 # The names of the runs before the options layer, per experiment.
 _COMMON = {"num_clusters": "clusters", "num_rounds": "rounds",

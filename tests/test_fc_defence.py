@@ -10,6 +10,8 @@ the 25th percentile: 4 tied copies fill a benign client's quantile ball
 the ball's Byzantine share beta_i N / (quantile count) instead).
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -54,6 +56,13 @@ def _benign_error(attack, pre_aggregator, ball_cap=None):
   return float(err.mean()), float(metrics["byzantine_in_ball"])
 
 
+@functools.lru_cache(maxsize=None)
+def _clean_error():
+  """The attack-free run's `_benign_error`, run once per process (five
+  tests compare with it)."""
+  return _benign_error(None, None)
+
+
 @pytest.mark.parametrize("name", ["ipm", "alie", "mimic"])
 def test_defence_restores_the_attack_free_error(name):
   """Tied attacks move the benign models without the defence (benign
@@ -62,7 +71,7 @@ def test_defence_restores_the_attack_free_error(name):
   `fc_defence.message_fn` skipping the pre-aggregator) it fails."""
   attack = {"ipm": prfl.attacks.ipm(), "alie": prfl.attacks.alie(),
             "mimic": prfl.attacks.mimic()}[name]
-  clean, _ = _benign_error(None, None)
+  clean, _ = _clean_error()
   attacked, byz_in = _benign_error(attack, None)
   defended, byz_def = _benign_error(attack,
                                     prfl.aggregators.cap_duplicates())
@@ -74,7 +83,7 @@ def test_defence_restores_the_attack_free_error(name):
 def test_defence_changes_nothing_without_ties():
   """Honest messages are never tied: the defended run is the plain one."""
   assert _benign_error(None, prfl.aggregators.cap_duplicates()) == (
-      _benign_error(None, None))
+      _clean_error())
 
 
 def test_dropped_rows_reach_clustering_as_nan():
@@ -148,7 +157,7 @@ def test_ball_cap_holds_where_cap_duplicates_does_not(name):
             "spread_edge": prfl.attacks.spread_edge(
                 prfl.quantile_radius(0.25))}[name]
   dedup = prfl.aggregators.cap_duplicates()
-  clean, _ = _benign_error(None, None)
+  clean, _ = _clean_error()
   through, _ = _benign_error(attack, dedup)
   capped, byz_in = _benign_error(attack, dedup, ball_cap=1.0)
   assert through > 1.5 * clean, (through, clean)

@@ -5,8 +5,9 @@ Every loss below is checked the same way (`_check`): for one model, the ghost
 kernel's `[N, N]` Gram matrix, client losses and a combination of the
 clients' gradients equal those of `gradients.all_pairs_grads` (plain autodiff,
 float64 Gram), with every recognised layer through the ghost Gram and with the
-FLOP rule's choice; and `cluster_at_models` gives the Gram kernel's centres
-under every execution plan (for a few of them, each plan is a compile).
+FLOP rule's choice; and, for a few of them, `cluster_at_models` gives the
+Gram kernel's centres under the default plan (and the full vmap for the
+CNN; each plan is a compile).
 """
 
 import warnings
@@ -29,10 +30,14 @@ from tests import tolerances
 
 N, B, D, H, K = 4, 3, 5, 6, 3
 
-# The default plan is chunk 1 with the ghost kernel on CPU (the full vmap on
-# an accelerator).
-PLANS = [kernels.ExecutionPlan(None, "ghost"), kernels.ExecutionPlan(3, "ghost"),
-         kernels.ExecutionPlan()]
+# The plans that differ in kind for a convolution: the full vmap over models
+# (per-model kernels become a grouped convolution) and the default (chunk 1
+# on CPU: one model at a time). Chunks of c run the same per-model code under
+# a vmap of c, and for dense layers every plan does: test_ghost.py::
+# test_cluster_at_models_matches_direct checks every plan there, so the
+# dense losses here get the default plan only (each plan is a compile).
+CONV_PLANS = [kernels.ExecutionPlan(None, "ghost"), kernels.ExecutionPlan()]
+DEFAULT_PLAN = [kernels.ExecutionPlan()]
 
 
 def _rng(seed=0):
@@ -97,13 +102,13 @@ def _ghost_vs_autodiff(loss, params, batch, always, monkeypatch):
   return analysis
 
 
-def _plans_vs_gram(loss, params, batch):
+def _plans_vs_gram(loss, params, batch, plans):
   run = lambda plan: jax.jit(lambda p, b: kernels.cluster_at_models(
       loss, p, b, radius=prfl.quantile_radius(0.5), num_iters=5, plan=plan)
                              )(params, batch)
   ref = run(kernels.ExecutionPlan(1, "gram"))
   assert 0 < np.sum(ref.inside) < ref.inside.size
-  for plan in PLANS:
+  for plan in plans:
     out = run(plan)
     jax.tree.map(lambda a, r: np.testing.assert_allclose(
         a, r, **tolerances.model(2e-4, 1e-5 * (1 + np.abs(r).max()),
@@ -114,13 +119,13 @@ def _plans_vs_gram(loss, params, batch):
                                **tolerances.model(1e-5))
 
 
-def _check(loss, params, batch, monkeypatch, plans=False):
-  """What the module docstring says (the plans only if `plans`, to keep the
-  tests fast); returns the analysis."""
+def _check(loss, params, batch, monkeypatch, plans=()):
+  """What the module docstring says, for the execution plans `plans` (none
+  by default, to keep the tests fast); returns the analysis."""
   for always in (True, False):
     analysis = _ghost_vs_autodiff(loss, params, batch, always, monkeypatch)
   if plans:
-    _plans_vs_gram(loss, params, batch)
+    _plans_vs_gram(loss, params, batch, plans)
   return analysis
 
 
@@ -148,7 +153,8 @@ def _user_mlp(p, batch):
 
 def test_user_written_mlp_every_leaf_recognised(monkeypatch):
   params = _stack(_mlp_params)
-  analysis = _check(_user_mlp, params, _batch(), monkeypatch, plans=True)
+  analysis = _check(_user_mlp, params, _batch(), monkeypatch,
+                    plans=DEFAULT_PLAN)
   assert analysis.autodiff == ()
   names = ["b1", "b2", "w1", "w2"]  # Leaf order of the dict.
   assert [(names[g.weight.leaf], names[g.bias.leaf])
@@ -201,7 +207,8 @@ def test_shared_weight_used_twice_concatenates_tokens(monkeypatch):
     h = jnp.tanh(h @ p["w"])  # The same weight again, without bias.
     return _ce(h @ p["out"], y)
 
-  analysis = _check(loss, _stack(init), _batch(), monkeypatch, plans=True)
+  analysis = _check(loss, _stack(init), _batch(), monkeypatch,
+                    plans=DEFAULT_PLAN)
   shared = [g for g in analysis.groups if len(g.sites) == 2]
   assert len(shared) == 1 and shared[0].bias is not None
   assert [s.bias is not None for s in shared[0].sites] == [True, False]
@@ -355,7 +362,7 @@ def test_flax_linen_cnn(monkeypatch):
   shape = (2, 8, 8, 2)
   params = _stack(lambda k: module.init(k, jnp.zeros(shape))["params"])
   analysis = _check(_flax_loss(module), params,
-                    _batch(x_shape=shape), monkeypatch, plans=True)
+                    _batch(x_shape=shape), monkeypatch, plans=CONV_PLANS)
   assert analysis.autodiff == () and len(analysis.groups) == 3
   assert all(g.bias is not None for g in analysis.groups)
 
@@ -370,7 +377,7 @@ def test_equinox_mlp(monkeypatch):
     x, y = batch
     return _ce(jax.vmap(eqx.combine(p, static))(x), y)
 
-  analysis = _check(loss, params, _batch(), monkeypatch, plans=True)
+  analysis = _check(loss, params, _batch(), monkeypatch, plans=DEFAULT_PLAN)
   # Equinox's vmapped Linear is `w @ x` then a transpose, then the bias.
   assert analysis.autodiff == () and len(analysis.groups) == 2
   assert all(g.bias is not None for g in analysis.groups)

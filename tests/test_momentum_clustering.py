@@ -296,3 +296,44 @@ def test_sticky_needs_assigned_balls():
     prfl.algorithms.momentum_clustering(
         shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=1.0,
         balls="all", sticky=True)
+
+
+def test_freeze_after_keeps_every_client_with_its_centre():
+  """`freeze_after=2`, alpha 1, radius 1, lr 0.1. Round 0 seeds centres at
+  momenta 0 and -10 (clients 0, 1 and 2, 3); x = 0, 0, 1, 1. Round 1
+  (before the freeze): client 1's optimum jumps to 10, its momentum -10
+  leaves its centre's ball and it moves to the other centre (-9); x = 0,
+  0.9, 1.9, 1.9. Round 2 (frozen): client 0's optimum jumps to 10 too; it
+  stays with its centre, whose ball holds nobody, so it steps with 0; the
+  others step with the mean of -9.1, -8.1, -8.1.
+
+  Seen to fail when the frozen assignment was kept but the direction was
+  still taken from the nearest centre (x_0 = 0.843), and without the freeze.
+  """
+  data = [C[:, None], jnp.array([[0.0], [10.0], [10.0], [10.0]])[:, None],
+          jnp.full((4, 1, 1), 10.0)]
+  alg = prfl.algorithms.momentum_clustering(
+      shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=1.0,
+      num_iters=1, alpha=1.0, freeze_after=2)
+  state, step = alg.init(jnp.zeros((4, 1))), jax.jit(alg.step)
+  assignments = []
+  for t in range(3):
+    state, _ = step(state, data[t], jax.random.key(t))
+    assignments.append(np.asarray(state.assignment))
+  a0, a1, a2 = assignments
+  assert a0[0] == a0[1] != a0[2] == a0[3]
+  np.testing.assert_array_equal(a1, [a0[0], a0[2], a0[2], a0[2]])
+  np.testing.assert_array_equal(a2, a1)
+  m = (0.9 + 1.9 + 1.9 - 30.0) / 3
+  np.testing.assert_allclose(
+      state.params[:, 0], [0.0, 0.9 - 0.1 * m, 1.9 - 0.1 * m,
+                           1.9 - 0.1 * m], atol=1e-5)
+
+
+def test_freeze_after_needs_assigned_balls_and_a_seeded_round():
+  for kw in (dict(balls="all"), dict(warmup_rounds=2, freeze_after=2),
+             dict(freeze_after=0)):
+    with pytest.raises(ValueError, match="freeze_after"):
+      prfl.algorithms.momentum_clustering(
+          shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=1.0,
+          **{"freeze_after": 3, **kw})
