@@ -60,3 +60,44 @@ def test_min_max_moves_along_its_unit_or_sign_perturbation(perturbation):
   bound = ((honest[:, None] - honest[None]) ** 2).sum(-1).max()
   gap = lambda g: ((honest - (mu + g * p)) ** 2).sum(1).max()
   assert gap(gamma * (1 - 1e-4)) <= bound < gap(gamma * (1 + 1e-3))
+
+
+def test_fang_krum_starts_its_search_at_fangs_bound():
+  """With one halving the search ends where it starts (lam0, or 2 * lam0 / 2),
+  so the Byzantine row is Fang et al.'s bound lam0 = min_i (sum of benign row
+  i's n - c - 2 nearest benign distances) / ((n - 2c - 1) sqrt(d)) + max
+  benign norm / sqrt(d), times -sign(benign mean), checked in NumPy. Seen to
+  fail with `n + 2 * c - 1` in the bound (only the scale was tested)."""
+  benign = np.array([[1.0, 2.0], [2.0, 1.0], [0.0, 3.0], [3.0, 3.0],
+                     [1.0, 1.0]])
+  msgs = jnp.asarray(np.vstack([benign, [[9.0, 9.0]]]))
+  byz = jnp.array([False] * 5 + [True])
+  out = prfl.attacks.fang_krum(1, halvings=1)(msgs, byz, jax.random.key(0))
+  n, c, d = 6, 1, 2
+  dist = np.linalg.norm(benign[:, None] - benign[None], axis=-1)
+  sums = [np.sort(np.delete(row, i))[:n - c - 2].sum()
+          for i, row in enumerate(dist)]
+  lam0 = (min(sums) / ((n - 2 * c - 1) * np.sqrt(d)) +
+          np.linalg.norm(benign, axis=1).max() / np.sqrt(d))
+  np.testing.assert_allclose(out[5], -lam0 * np.sign(benign.mean(0)),
+                             rtol=1e-5)
+  np.testing.assert_array_equal(out[:5], benign)
+
+
+def test_fang_trimmed_mean_draws_beyond_each_benign_extreme():
+  """The four cases of Fang et al.'s Section 4.3 on one coordinate each, b =
+  2: mean > 0 and min 1 > 0: [0.5, 1]; mean > 0, min -1: [-2, -1]; mean < 0,
+  max 0.5 > 0: [0.5, 1]; mean < 0, max -1: [-1, -0.5]. 60 Byzantine rows
+  fill each interval. Seen to fail with `b / hi` for `b * hi` (a case no
+  test had: [0.5, 4])."""
+  benign = np.array([[1.0, -1.0, -3.0, -3.0], [2.0, 2.0, -1.0, -2.0],
+                     [3.0, 3.0, 0.5, -1.0]])
+  msgs = jnp.asarray(np.vstack([benign, np.zeros((60, 4))]))
+  byz = jnp.arange(63) >= 3
+  out = np.asarray(prfl.attacks.fang_trimmed_mean(2.0)(msgs, byz,
+                                                       jax.random.key(0)))
+  lo, hi = out[3:].min(0), out[3:].max(0)
+  start, end = np.array([0.5, -2.0, 0.5, -1.0]), np.array([1, -1, 1, -0.5])
+  assert np.all(lo >= start - 1e-6) and np.all(hi <= end + 1e-6)
+  assert np.all(hi - lo > 0.9 * (end - start))
+  np.testing.assert_array_equal(out[:3], benign)

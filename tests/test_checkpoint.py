@@ -13,6 +13,7 @@ import pytest
 
 import prfl_jax as prfl
 from prfl_jax import checkpoint
+from prfl_jax.checkpoint import run as run_lib
 
 LOSS = prfl.data.regression_loss
 
@@ -211,3 +212,12 @@ def test_restore_places_leaves_with_the_targets_sharding(saved):
   _assert_equal(jax.device_get(out), jax.device_get(_state(9)))
   assert out.params.sharding == target.params.sharding
   assert os.path.isdir(saved / "9")
+
+
+def test_describe_value_names_a_cycle_once():
+  """A list holding itself is described to its first repeat: `[1.0, {type:
+  list}]`. Seen to fail when the ids seen on the way down are intersected
+  instead of joined (the cycle unrolled to the depth limit)."""
+  loop = [1.0]
+  loop.append(loop)
+  assert run_lib.describe_value(loop) == [1.0, {"type": "builtins.list"}]

@@ -5,8 +5,13 @@ looked)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
+import prfl_jax as prfl
+from experiments import cli
 from experiments import registry
+from experiments import training
+from experiments.mnist import config
 from experiments.mnist import report
 from tests.test_momentum_clustering import C
 from tests.test_momentum_clustering import shifted_quadratic
@@ -35,3 +40,53 @@ def test_ordering_checks_report_the_gap_to_two_decimals():
   checks = report.ordering_checks({"rotation": runs})["rotation"]
   assert checks["oracle_minus_fc_points"] == 1.23
   assert checks["fc_within_2_points"] and checks["oracle_ge_fc"]
+
+
+def _resolve(*argv):
+  return config.resolve(cli.parse(config.Config, list(argv))[0])
+
+
+def test_data_dir_is_refused_for_digits_and_read_for_the_others(tmp_path):
+  """`--data-dir` with the bundled digits is an error; with Fashion-MNIST an
+  existing directory is taken. Seen to fail when the two are swapped
+  (`d.dataset == 'digits'` -> `!=`)."""
+  with pytest.raises(ValueError, match="not used by --dataset digits"):
+    _resolve("--data-dir", str(tmp_path))
+  cfg = _resolve("--dataset", "fashion_mnist", "--data-dir", str(tmp_path))
+  assert cfg.data.data_dir == str(tmp_path)
+
+
+def test_registry_gives_mc_its_balls_quantile_and_stickiness(monkeypatch):
+  """Momentum-Clustering's defaults: with `mc_balls='assigned'` the radius
+  quantile is 0.95 and clients are sticky; with 'all', the shared quantile
+  and never sticky (stickiness needs assigned balls). Seen to fail when
+  sticky is given for the other balls (`== 'assigned'` -> `!=`)."""
+  seen = {}
+  monkeypatch.setattr(prfl.algorithms, "momentum_clustering",
+                      lambda loss_fn, opt, **kw: seen.update(kw))
+  ctx = registry.Context(shifted_quadratic, clusters=np.array([0, 0, 1, 1]),
+                         num_clusters=2, key=jax.random.key(0))
+  s = registry.settings(_resolve(), "mc")
+  for balls, sticky, q in (("assigned", True, 0.95), ("all", False, 0.2)):
+    registry.build("mc", ctx, registry.Settings(s, mc_balls=balls))
+    assert (seen["balls"], seen["sticky"], seen["radius"].q) == (
+        balls, sticky, q)
+
+
+def test_federation_sizes_allow_one_training_example():
+  """1797 digits over 1 x 800 clients: 2 each, 1 train + 1 test, allowed;
+  over 1 x 900 clients (1 each) refused. Seen to fail with `train <= 1`."""
+  sizes = training.federation_sizes("digits", 1, 800)
+  assert (sizes.train_per_client, sizes.test_per_client) == (1, 1)
+  with pytest.raises(ValueError, match="fewer than --train-per-client"):
+    training.federation_sizes("digits", 1, 900)
+
+
+def test_ordering_checks_without_the_oracle_leave_its_checks_out():
+  """FC and Local only: FC against Local is checked, the oracle's checks
+  are left out. Seen to fail when they need FC or the oracle (`and` ->
+  `or`: a KeyError)."""
+  runs = [{"algorithm": "fc", "accuracy": 0.8},
+          {"algorithm": "local", "accuracy": 0.7}]
+  assert report.ordering_checks({"rotation": runs}) == {
+      "rotation": {"fc_gt_local": True}}

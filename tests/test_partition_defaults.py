@@ -3,6 +3,7 @@
 count per cluster and the default train/test split."""
 
 import numpy as np
+import pytest
 
 import prfl_jax as prfl
 from tests.test_data_partition import ids
@@ -52,3 +53,65 @@ def test_one_size_given_completes_the_80_20_ratio():
   assert fed.data.train[1].shape == (8, 12) and fed.data.test[1].shape == (8, 3)
   fed = prfl.data.federate(make_ds(), train_per_client=10, **kw)
   assert fed.data.train[1].shape == (8, 10) and fed.data.test[1].shape == (8, 2)
+
+
+def test_description_says_padded_when_only_train_or_only_test_is_ragged():
+  """100 examples per cluster over 9 clients: 11 or 12 each, split 9-10 /
+  2-2 (only the train sets ragged); over 8 clients: 12 or 13, split 10-10 /
+  2-3 (only the test sets ragged). Both are padded with label -1, and the
+  description says so. Seen to fail when `padded` needs both ragged (`or`
+  -> `and`) or reads the train sizes' max instead of their min."""
+  for n, train, test in ((9, (9, 10), (2, 2)), (8, (10, 10), (2, 3))):
+    fed = prfl.data.federate(make_ds(), task="none", num_clusters=2,
+                             clients_per_cluster=n)
+    (_, y), (_, yt) = fed.data.train, fed.data.test
+    assert ((y >= 0).sum(1).min(), (y >= 0).sum(1).max()) == train
+    assert ((yt >= 0).sum(1).min(), (yt >= 0).sum(1).max()) == test
+    assert (f"(padded with label -1 to {train[1]} / {test[1]})" in
+            fed.description)
+
+
+def test_two_examples_per_client_are_enough():
+  """200 examples over 2 x 50 clients: 1 train + 1 test each; 51 clients per
+  cluster are refused before any work, and a Dirichlet split keeps at least 2
+  per client by default. Seen to fail (with `--isolation process`: the
+  constant is copied by `from ... import`) when `MIN_CLIENT_EXAMPLES` is 3."""
+  fed = prfl.data.federate(make_ds(), task="none", num_clusters=2,
+                           clients_per_cluster=50)
+  assert fed.data.train[1].shape == (100, 1) == fed.data.test[1].shape
+  with pytest.raises(ValueError, match=">= 204 examples"):
+    prfl.data.federate(make_ds(), task="none", num_clusters=2,
+                       clients_per_cluster=51)
+  labels = np.repeat(np.arange(2), 3)
+  parts = prfl.data.dirichlet_partition(labels, 3, 1.0, seed=0)
+  assert sorted(len(p) for p in parts) == [2, 2, 2]
+
+
+def test_edges_that_are_allowed_private_label_clusters_and_shards():
+  """As many private-label clusters as classes (10 of 10) are allowed, 11
+  refused; as many shards as examples (one each) are allowed, one more
+  refused. Seen to fail when the checks refuse the edge (`num_clusters > c`
+  -> `>=`, `num_shards > len(labels)` -> `>=`)."""
+  fed = prfl.data.federate(make_ds(), task="private_label", num_clusters=10,
+                           clients_per_cluster=2)
+  assert fed.data.train[1].shape[0] == 20
+  with pytest.raises(ValueError, match="at most 10 distinct clusters"):
+    prfl.data.federate(make_ds(), task="private_label", num_clusters=11,
+                       clients_per_cluster=2)
+  parts = prfl.data.shard_partition(np.arange(6) % 3, 3, 2)
+  assert sorted(len(p) for p in parts) == [2, 2, 2]
+  with pytest.raises(ValueError, match="7 examples"):
+    prfl.data.shard_partition(np.arange(7) % 3, 4, 2)
+
+
+def test_a_client_short_of_the_requested_sizes_keeps_their_ratio():
+  """Shards of 25 examples per client against 32 + 8 requested: the client
+  is cut in the requested 80/20 ratio, 20 / 5. Seen to fail when the ratio
+  is taken over `train - test` (17 / 8)."""
+  fed = prfl.data.federate(make_ds(), task="none", num_clusters=2,
+                           clients_per_cluster=4, partition="shards",
+                           shards_per_client=1, train_per_client=32,
+                           test_per_client=8)
+  (_, y), (_, yt) = fed.data.train, fed.data.test
+  np.testing.assert_array_equal((y >= 0).sum(1), [20] * 8)
+  np.testing.assert_array_equal((yt >= 0).sum(1), [5] * 8)

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from prfl_jax import aggregators
+from prfl_jax.aggregators import signs
 from tests.test_aggregators import np_geometric_median
 
 
@@ -30,3 +31,14 @@ def test_krum_scores_at_least_one_neighbour_with_absent_rows():
   x = jnp.array([[5.0], [5.0], [10.0], [0.0], [0.1]])
   w = jnp.array([0.0, 0.0, 1.0, 1.0, 1.0])
   np.testing.assert_allclose(aggregators.krum(1)(x, w), [0.0])
+
+
+def test_mean_shift_cluster_keeps_the_larger_group_only():
+  """Four points near 0 and two near (5, 5, 5): h is about 3, each mode
+  climbs to its own group's mean, and the larger group is the cluster.
+  Seen to fail when every mode climbs with one shared neighbourhood
+  (`modes[:, None]` -> `modes[None, :]`: one cluster of all six)."""
+  x = jnp.array([[0.0, 0.0, 0.0], [0.1, 0.0, 0.0], [0.0, 0.1, 0.0],
+                 [0.1, 0.1, 0.0], [5.0, 5.0, 5.0], [5.1, 5.0, 5.0]])
+  got = signs.largest_mean_shift_cluster(x, jnp.ones(6, bool), 0.5, 10)
+  np.testing.assert_array_equal(got, [True] * 4 + [False] * 2)

@@ -116,3 +116,7 @@ def test_tally_applies_reruns_and_gives_the_wilson_interval():
   assert r["projected"] == (round(100 * r["lo"]), round(100 * r["hi"]))
   assert "| `p` | 100 | 5 | 1 | 1 | 2 | 1 | #3 | 1 | 3/4 = 75.0% |" in (
       tally.markdown([r]))
+  # A continued sample (the pending #5 run later) merges into one row.
+  more = dict(sample, mutants=[m(5, "survived"), m(7, "pending")])
+  (merged,) = tally.merge([sample, more])
+  assert tally.row(merged, {})["run"] == 6

@@ -14,7 +14,7 @@ _AGG = "prfl_jax/aggregators/"
 _EDGES = ("tests/test_robust_edges.py",)
 _AGG_TESTS = (_EDGES, ("tests/test_aggregators.py",),
               ("tests/test_robust_aggregators.py",))
-_ROBUST_TESTS = (("tests/test_robust_aggregators.py",),
+_ROBUST_TESTS = (_EDGES, ("tests/test_robust_aggregators.py",),
                  ("tests/test_aggregators.py",))
 
 AGGREGATORS = [

@@ -4,7 +4,9 @@
       [--rerun RERUN.json ...]
 
 Each SAMPLE (a `--preset P --sample K` run, possibly stopped by `--budget`)
-gives one row over the operator mutants it finished. A RERUN (`--only` after a
+gives one row over the operator mutants it finished; samples of the same
+presets (a sample continued with `--only` the mutants it had not run) are
+merged into one row. A RERUN (`--only` after a
 test was added) replaces the result of the same mutant, matched by path,
 function, line and change, so a survivor a new test kills counts as killed
 after the fix. The killed share counts timeouts as killed (as the tool does;
@@ -30,6 +32,18 @@ def wilson(k: int, n: int, z: float = 1.96) -> Tuple[float, float]:
 
 def key(m: dict) -> tuple:
   return m["path"], m.get("function"), m["line"], m["before"], m["after"]
+
+
+def merge(samples: Sequence[dict]) -> List[dict]:
+  """One sample per set of presets: their finished mutants together."""
+  out: Dict[str, dict] = {}
+  for sample in samples:
+    name = "+".join(sample["presets"])
+    first = out.setdefault(name, dict(sample, mutants={}))
+    for m in sample["mutants"]:
+      if m["status"] != "pending" or key(m) not in first["mutants"]:
+        first["mutants"][key(m)] = m
+  return [dict(s, mutants=list(s["mutants"].values())) for s in out.values()]
 
 
 def row(sample: dict, reruns: Dict[tuple, dict]) -> dict:
@@ -83,7 +97,7 @@ def main(argv=None) -> int:
   for path in args.rerun:
     reruns.update({key(m): m for m in load(path)["mutants"]
                    if m["status"] != "pending"})
-  rows: List[dict] = [row(load(path), reruns) for path in args.samples]
+  rows = [row(s, reruns) for s in merge([load(p) for p in args.samples])]
   print(markdown(rows))
   return 0
 
