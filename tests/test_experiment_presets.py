@@ -76,6 +76,19 @@ COMMITTED = {
          "ifca_median", "--attacks",
          "alie_jitter,ipm_jitter,min_max,min_sum,spread_edge,fang_tm,"
          "fang_krum,opt_alie"]),
+    "byzantine/protocol_20pct/fashion_private_label_fc": (
+        "byzantine", "protocol_20pct_fashion", []),
+    "byzantine/protocol_20pct/fashion_private_label_ifca": (
+        "byzantine", "protocol_20pct_fashion",
+        ["--algorithms", "ifca_median"]),
+    "byzantine/protocol_20pct/fashion_private_label_global": (
+        "byzantine", "protocol_20pct_fashion",
+        ["--algorithms", "global_median,global_trimmed_mean,global_krum,"
+         "global_gm,global_cc", "--attacks", "min_max"]),
+    "byzantine/protocol_20pct/digits_private_label_fc_20rounds_opt": (
+        "byzantine", "protocol_20pct",
+        ["--rounds", "20", "--eval-every", "10", "--attacks",
+         "opt_ipm,opt_alie"]),
     "synthetic/figure2_n75": ("synthetic", "figures2_3",
                               ["--settings", "4x75", "--algorithms",
                                "oracle"]),
