@@ -78,6 +78,8 @@ COMMITTED = {
          "fang_krum,opt_alie"]),
     "byzantine/protocol_20pct/fashion_private_label_fc": (
         "byzantine", "protocol_20pct_fashion", []),
+    "byzantine/protocol_20pct/fashion_private_label_fc_min_max": (
+        "byzantine", "protocol_20pct_fashion", ["--attacks", "min_max"]),
     "byzantine/protocol_20pct/fashion_private_label_ifca": (
         "byzantine", "protocol_20pct_fashion",
         ["--algorithms", "ifca_median"]),
