@@ -52,9 +52,11 @@ def select(mutants: List[Mutant], only: Optional[Set[int]] = None,
 
 
 def _save(path: str, header: dict, todo: List[Mutant],
-          tests_of: Dict[int, Tuple[str, ...]]) -> None:
+          tests_of: Dict[int, Tuple[str, ...]],
+          fingerprints: Dict[int, dict]) -> None:
   """Writes the run so far (atomically: after every mutant, so a stopped
-  run keeps what it finished)."""
+  run keeps what it finished); `fingerprints` are `site_fingerprint`'s per
+  mutant number, taken once before the run (the sources do not change)."""
   done = [m for m in todo if m.status != "pending"]
   count = lambda *s: sum(m.status in s for m in done)
   result = dict(header, counts=dict(
@@ -62,8 +64,7 @@ def _save(path: str, header: dict, todo: List[Mutant],
       timeouts=count("timeout"), survived=count("survived"),
       errors=len(done) - count("killed", "timeout", "survived")),
                 mutants=[dict(dataclasses.asdict(m), tests=tests_of[m.index],
-                              **site_fingerprint(m.path, m.line,
-                                                 tests_of[m.index]))
+                              **fingerprints[m.index])
                          for m in todo])
   with open(path + ".tmp", "w", encoding="utf-8") as f:
     json.dump(result, f, indent=1)
@@ -213,6 +214,8 @@ def main(argv=None) -> int:
         targets=[str(t) for t in targets], workers=args.workers,
         isolation=args.isolation, every=args.every, sample=args.sample,
         seed=args.seed, budget=args.budget)
+    fingerprints = {m.index: site_fingerprint(m.path, m.line, tests_of[m.index])
+                    for m in todo} if args.out else {}
 
     def state(elapsed):
       return dict(header, total_s=elapsed, loadavg_end=os.getloadavg(),
@@ -230,7 +233,7 @@ def main(argv=None) -> int:
               f"({m.seconds:.0f} s) | killed {killed}, survived "
               f"{n - killed}, ~{left / 60:.0f} min left", flush=True)
         if args.out:
-          _save(args.out, state(elapsed), todo, tests_of)
+          _save(args.out, state(elapsed), todo, tests_of, fingerprints)
 
     def take():
       with lock:
@@ -310,7 +313,7 @@ def main(argv=None) -> int:
   for m in errors:
     print(f"  error #{m.index} {m.path}:{m.line}: {m.failed}")
   if args.out:
-    _save(args.out, state(total_s), todo, tests_of)
+    _save(args.out, state(total_s), todo, tests_of, fingerprints)
     print(f"saved {args.out}")
   return 2 if any(isinstance(c, str) for c in clean.values()) else 0
 
