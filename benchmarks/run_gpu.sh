@@ -22,9 +22,17 @@
 # precision to "highest" (no TF32), as PyTorch's float32 default is; the
 # tests do not.
 set -u -o pipefail
+# Test-extra packages the GPU image lacks (tensorboardX: the experiments'
+# default --tensorboard needs it) travel as wheels in .whl (device README):
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --implementation cp --platform manylinux2014_x86_64 -d .whl tensorboardX
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
 out="$(realpath -m "${OUT:-benchmarks/results}")"
 mkdir -p "$out"
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=.
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv \
   | tee "$out/gpu_info.txt"
 python3 -c "import jax, flax, optax; print('jax', jax.__version__, \
