@@ -176,3 +176,26 @@ def test_tally_applies_reruns_and_gives_the_wilson_interval():
   more = dict(sample, mutants=[m(5, "survived"), m(7, "pending")])
   (merged,) = tally.merge([sample, more])
   assert tally.row(merged, {})["run"] == 7
+
+
+def test_a_factorys_closures_made_before_the_swap_run_the_mutant():
+  """A rule a test module builds at import (`agg.signguard()` in
+  `test_robust_aggregators.RULES`) is a closure made before any mutant is
+  swapped in: it must run the mutated code too. Seen to fail (the closure
+  kept the original) when only the factory's `__code__` is swapped, as
+  before session 5: SignGuard's clipping `minimum(1, M / norm)` -> `maximum`
+  then survived every test in-process."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from prfl_jax import aggregators  # pylint: disable=g-import-not-at-top
+  rule = aggregators.mean()
+  x, w = jnp.array([[1.0], [jnp.nan]]), jnp.array([1.0, 0.0])
+  assert float(rule(x, w)[0]) == 1.0  # The absent NaN row is zeroed.
+  (m,) = [m for m in tool.generate("prfl_jax/aggregators/coordinate.py",
+                                   "mean", 0)
+          if (m.before, m.after) == ("weights > 0", "weights >= 0")]
+  undo = workers.swap_in(m)
+  try:
+    assert np.isnan(float(rule(x, w)[0]))  # 0 * NaN: the row is not zeroed.
+  finally:
+    undo()
+  assert float(rule(x, w)[0]) == 1.0

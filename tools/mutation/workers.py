@@ -201,11 +201,48 @@ def swap_in(m: Mutant) -> Callable[[], None]:
                                                    args.kw_defaults)
                 if e is not None} or None
   old = fn.__code__, fn.__defaults__, fn.__kwdefaults__
+  closures = _swap_closures(fn.__code__, new)
   fn.__code__, fn.__defaults__, fn.__kwdefaults__ = new, defaults, kwdefaults
 
   def undo():
     fn.__code__, fn.__defaults__, fn.__kwdefaults__ = old
+    for f, code in closures:
+      f.__code__ = code
   return undo
+
+
+def _nested_codes(code) -> dict:
+  """The code objects of the functions defined inside `code`, at any depth,
+  by qualified name."""
+  import types  # pylint: disable=g-import-not-at-top
+  out = {}
+  for c in code.co_consts:
+    if isinstance(c, types.CodeType):
+      out[c.co_qualname] = c
+      out.update(_nested_codes(c))
+  return out
+
+
+def _swap_closures(old_code, new_code) -> list:
+  """Gives the live functions made from the functions nested in `old_code`
+  (a factory's closures, e.g. a rule a test module built at import) the
+  mutated code; returns (function, original code) pairs for the undo.
+
+  Swapping the factory's `__code__` alone reaches only closures made after
+  the swap. A closure whose mutated code has other free variables (an edit
+  that names another variable) keeps its code.
+  """
+  import gc  # pylint: disable=g-import-not-at-top
+  import types  # pylint: disable=g-import-not-at-top
+  old, new = _nested_codes(old_code), _nested_codes(new_code)
+  by_code = {id(c): new[q] for q, c in old.items()
+             if q in new and new[q].co_freevars == c.co_freevars}
+  swapped = []
+  for f in gc.get_objects():
+    if isinstance(f, types.FunctionType) and id(f.__code__) in by_code:
+      swapped.append((f, f.__code__))
+      f.__code__ = by_code[id(f.__code__)]
+  return swapped
 
 
 class CpuLimit(Exception):
