@@ -2,7 +2,9 @@
 # The GPU checks, as one script for a lent GPU machine (see README.md).
 # Writes logs and JSON to ${OUT:-benchmarks/results}. STEPS picks and orders
 # the steps (default: tests precision models plans cohort; each step has its
-# own timeout, 555 s together, so one device call of 10 minutes holds them):
+# own timeout, 615 s together: give the tests their own device call, then
+# STEPS="precision models plans cohort" in a second; the whole suite took
+# 185 s on an H200 without tensorboardX and over 215 s with it):
 #   tests     the whole suite at JAX's default precision (TF32 matmuls on
 #             NVIDIA), on pytest-xdist workers when xdist is installed
 #   precision check_ghost_precision: FC rounds and Gram matrices per kernel
@@ -22,9 +24,17 @@
 # precision to "highest" (no TF32), as PyTorch's float32 default is; the
 # tests do not.
 set -u -o pipefail
+# Test-extra packages the GPU image lacks (tensorboardX: the experiments'
+# default --tensorboard needs it) travel as wheels in .whl (device README):
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --implementation cp --platform manylinux2014_x86_64 -d .whl tensorboardX
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
 out="$(realpath -m "${OUT:-benchmarks/results}")"
 mkdir -p "$out"
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=.
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv \
   | tee "$out/gpu_info.txt"
 python3 -c "import jax, flax, optax; print('jax', jax.__version__, \
@@ -45,17 +55,19 @@ fi
 run_tests() {
   # pytest-xdist when the machine has it (the suite is compile-bound).
   # Without it, setup.cfg's addopts (-n auto) are dropped: -n needs xdist.
-  local workers=(-o "addopts=-q")
+  # -v: each test's outcome is logged as it ends, so a step cut off by its
+  # timeout still names its failures (the summary comes only at the end).
+  local workers=(-o "addopts=-v")
   if python3 -c "import xdist" 2>/dev/null; then
-    workers=(-n "${TEST_WORKERS:-16}")
+    workers=(-n "${TEST_WORKERS:-16}" -v)
   fi
   # A hung test ends alone (pytest-timeout), not the whole step.
   if python3 -c "import pytest_timeout" 2>/dev/null; then
     workers+=(--timeout "${TEST_TIMEOUT_EACH:-150}")
   fi
-  env -u JAX_DEFAULT_MATMUL_PRECISION timeout "${TESTS_TIMEOUT:-240}" \
+  env -u JAX_DEFAULT_MATMUL_PRECISION timeout "${TESTS_TIMEOUT:-300}" \
     python3 -m pytest -p no:cacheprovider "${workers[@]}" -rf \
-    ${TESTS_ARGS:-} 2>&1 | tee "$out/tests_gpu.log" | tail -60
+    ${TESTS_ARGS:-} 2>&1 | tee "$out/tests_gpu.log" | grep -Ev " (PASSED|SKIPPED) " | tail -80
 }
 
 run_precision() {
