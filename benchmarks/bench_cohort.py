@@ -107,6 +107,14 @@ def make_data(directory: str, num_clients: int, seed: int = 0):
   return total
 
 
+def _devices() -> str:
+  """The JAX devices a child process sees (CPU or the lent GPU)."""
+  out = subprocess.run([sys.executable, "-c",
+                        "import jax; print(jax.devices())"],
+                       capture_output=True, text=True, check=False)
+  return out.stdout.strip() or out.stderr.strip()[-200:]
+
+
 def run_one(alg: str, n: int, data_dir: str, rounds: int, chunk: int,
             state: str) -> dict:
   code = _CHILD.format(args=(alg, n, data_dir, rounds, chunk, state))
@@ -140,6 +148,16 @@ def main():
              [("fc", n, args.fc_rounds, args.fc_chunk, args.state_dir or "ram")
               for n in parse(args.fc)])
   rows = []
+
+  def save():  # After every row, so that a run cut short keeps its rows.
+    result = {"machine": platform.processor() or platform.machine(),
+              "cpus": os.cpu_count(), "devices": _devices(),
+              "date": time.strftime("%Y-%m-%d %H:%M"),
+              "command": " ".join(sys.argv), "rows": rows}
+    with open(args.out + ".tmp", "w") as f:
+      json.dump(result, f, indent=1)
+    os.replace(args.out + ".tmp", args.out)
+
   for alg, n, rounds, chunk, state in configs:
     data_dir = tempfile.mkdtemp(prefix=f"prfl_cohort_{n}_", dir=args.data_dir)
     if state not in ("device", "ram"):  # A fresh directory for the state.
@@ -154,13 +172,9 @@ def main():
         row["client_state_gib"] = 2 * n * common.NUM_PARAMS * 4 / 2**30
       rows.append(row)
       print(json.dumps(row), flush=True)
+      save()
     finally:
       shutil.rmtree(data_dir, ignore_errors=True)
-  result = {"machine": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M"),
-            "command": " ".join(sys.argv), "rows": rows}
-  with open(args.out, "w") as f:
-    json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":

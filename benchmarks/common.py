@@ -48,17 +48,33 @@ def float32_matmuls(fn: Callable) -> Callable:
     try:
       import torch  # pylint: disable=g-import-not-at-top
       switches = [torch.backends.cuda.matmul, torch.backends.cudnn]
+      # PyTorch >= 2.9 also has per-backend `fp32_precision` settings, and
+      # `cudnn.allow_tf32 = False` leaves `cudnn.conv.fp32_precision` at
+      # "none" (inherit), which need not mean IEEE: an H200 run of 11-27 with
+      # only the old switches off read 6e-4 / 5e-3 between the CUDA loop's
+      # centres and prfl's (prfl's two kernels agreed to 4e-7). Set "ieee"
+      # wherever the setting exists.
+      precisions = [
+          b for b in (torch.backends, torch.backends.cuda.matmul,
+                      torch.backends.cudnn,
+                      getattr(torch.backends.cudnn, "conv", None))
+          if b is not None and hasattr(b, "fp32_precision")]
     except ImportError:
-      switches = []
+      switches, precisions = [], []
     saved = [s.allow_tf32 for s in switches]
+    saved_precisions = [b.fp32_precision for b in precisions]
     try:
       for s in switches:
         s.allow_tf32 = False
+      for b in precisions:
+        b.fp32_precision = "ieee"
       with jax.default_matmul_precision("highest"):
         return fn(*args, **kwargs)
     finally:
       for s, value in zip(switches, saved):
         s.allow_tf32 = value
+      for b, value in zip(precisions, saved_precisions):
+        b.fp32_precision = value
   return wrapped
 
 

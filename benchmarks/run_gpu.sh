@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The GPU checks, as one script for a lent GPU machine (see README.md).
 # Writes logs and JSON to ${OUT:-benchmarks/results}. STEPS picks and orders
-# the steps (default: tests precision models plans, about 8 minutes on an
-# H100; each step has its own timeout, so the default stays under 10):
+# the steps (default: tests precision models plans cohort; each step has its
+# own timeout, 615 s together: give the tests their own device call, then
+# STEPS="precision models plans cohort" in a second; the whole suite took
+# 185 s on an H200 without tensorboardX and over 215 s with it):
 #   tests     the whole suite at JAX's default precision (TF32 matmuls on
 #             NVIDIA), on pytest-xdist workers when xdist is installed
 #   precision check_ghost_precision: FC rounds and Gram matrices per kernel
@@ -11,6 +13,8 @@
 #             the fp32 PyTorch loop on CUDA (prfl's Gram kernel without it)
 #   plans     bench_plans: the default ExecutionPlan() against the fastest
 #             candidate plan, per model
+#   cohort    bench_cohort: issue 18's time per round and peak RSS vs N
+#             (FedAvg to 10^5 clients, FC to 10^4) with host-streamed data
 #   round     bench_round: one FC round, prfl kernels vs the PyTorch loop
 #   cifar     Figures 4-5 (VGG-16 / VGG-8): the real CIFAR binaries when the
 #             run carries them (CIFAR10_DIR / CIFAR100_DIR), else a short run
@@ -20,9 +24,17 @@
 # precision to "highest" (no TF32), as PyTorch's float32 default is; the
 # tests do not.
 set -u -o pipefail
+# Test-extra packages the GPU image lacks (tensorboardX: the experiments'
+# default --tensorboard needs it) travel as wheels in .whl (device README):
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --implementation cp --platform manylinux2014_x86_64 -d .whl tensorboardX
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
 out="$(realpath -m "${OUT:-benchmarks/results}")"
 mkdir -p "$out"
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=.
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv \
   | tee "$out/gpu_info.txt"
 python3 -c "import jax, flax, optax; print('jax', jax.__version__, \
@@ -43,17 +55,23 @@ fi
 run_tests() {
   # pytest-xdist when the machine has it (the suite is compile-bound).
   # Without it, setup.cfg's addopts (-n auto) are dropped: -n needs xdist.
-  local workers=(-o "addopts=-q")
+  # -v: each test's outcome is logged as it ends, so a step cut off by its
+  # timeout still names its failures (the summary comes only at the end).
+  local workers=(-o "addopts=-v")
   if python3 -c "import xdist" 2>/dev/null; then
-    workers=(-n "${TEST_WORKERS:-12}")
+    workers=(-n "${TEST_WORKERS:-16}" -v)
   fi
-  env -u JAX_DEFAULT_MATMUL_PRECISION timeout "${TESTS_TIMEOUT:-270}" \
+  # A hung test ends alone (pytest-timeout), not the whole step.
+  if python3 -c "import pytest_timeout" 2>/dev/null; then
+    workers+=(--timeout "${TEST_TIMEOUT_EACH:-150}")
+  fi
+  env -u JAX_DEFAULT_MATMUL_PRECISION timeout "${TESTS_TIMEOUT:-300}" \
     python3 -m pytest -p no:cacheprovider "${workers[@]}" -rf \
-    ${TESTS_ARGS:-} 2>&1 | tee "$out/tests_gpu.log" | tail -60
+    ${TESTS_ARGS:-} 2>&1 | tee "$out/tests_gpu.log" | grep -Ev " (PASSED|SKIPPED) " | tail -80
 }
 
 run_precision() {
-  timeout "${PRECISION_TIMEOUT:-110}" python3 -m benchmarks.check_ghost_precision \
+  timeout "${PRECISION_TIMEOUT:-85}" python3 -m benchmarks.check_ghost_precision \
     --out "$out/ghost_precision_gpu.json" 2>&1 | tee "$out/ghost_precision_gpu.log"
 }
 
@@ -77,7 +95,7 @@ run_models() {
       "prfl's Gram kernel"
     configs="prfl gram,prfl auto"
   fi
-  JAX_DEFAULT_MATMUL_PRECISION=highest timeout "${MODELS_TIMEOUT:-90}" \
+  JAX_DEFAULT_MATMUL_PRECISION=highest timeout "${MODELS_TIMEOUT:-70}" \
     python3 -m benchmarks.bench_models \
     --clients "${MODEL_CLIENTS:-16,32}" --torch-device cuda \
     --torch-threads 0 --configs "$configs" --skip "" --repeats 5 \
@@ -86,11 +104,21 @@ run_models() {
 }
 
 run_plans() {
-  timeout "${PLANS_TIMEOUT:-90}" python3 -m benchmarks.bench_plans \
+  timeout "${PLANS_TIMEOUT:-70}" python3 -m benchmarks.bench_plans \
     --models "${PLAN_MODELS:-user_mlp,cnn_small,cnn,vgg8}" \
     --clients "${PLAN_CLIENTS:-32}" \
     --plans "${PLANS:-1:ghost,4:ghost,16:ghost,full:ghost}" --repeats 5 \
     --out "$out/plans_gpu.json" 2>&1 | tee "$out/plans_gpu.log"
+}
+
+run_cohort() {
+  # Issue 18's scale rows on the GPU: FedAvg (cohort 50) at N = 10^3..10^5
+  # and FC (cohort 100, 5 groups) at N = 10^3, 10^4, data and FC's per-client
+  # state on the host, streamed per chunk. Rows are saved as they finish.
+  timeout "${COHORT_TIMEOUT:-90}" python3 -m benchmarks.bench_cohort \
+    --fedavg "${COHORT_FEDAVG:-1000,10000,100000}" \
+    --fc "${COHORT_FC:-1000,10000}" --fedavg-rounds 60 --fc-rounds 6 \
+    --out "$out/cohort_gpu.json" 2>&1 | tee "$out/cohort_gpu.log"
 }
 
 run_cifar() {
@@ -107,7 +135,7 @@ run_cifar() {
     | tail -30 | tee "$out/cifar100.log"
 }
 
-for step in ${STEPS:-tests precision models plans}; do
+for step in ${STEPS:-tests precision models plans cohort}; do
   echo "== $step  $(date -u +%H:%M:%S)"
   start=$SECONDS
   "run_$step"

@@ -15,6 +15,7 @@ import pytest
 from benchmarks import bench_peers
 from benchmarks import peers_step
 from benchmarks import peers_task
+from tests import tolerances
 
 TINY = peers_task.Task(num_clients=5, examples=4, cohort=2, batch=2,
                        test_size=8)
@@ -92,8 +93,9 @@ def test_patches_fast_and_xla_convolutions_agree():
   a = bench_peers.cnn_apply("patches")(params, x)
   assert a.shape == (4, 10)
   for conv in ("xla", "fast"):
+    # TF32 on a GPU at JAX's default precision: an H200 read 5.9e-4.
     np.testing.assert_allclose(bench_peers.cnn_apply(conv)(params, x), a,
-                               rtol=1e-4, atol=1e-5)
+                               **tolerances.model(1e-4, 1e-5))
 
 
 @pytest.mark.slow

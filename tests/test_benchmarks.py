@@ -185,3 +185,30 @@ def test_benchmark_algorithms_come_from_the_registry():
     common.algorithm("local", prfl.data.regression_loss, groups=2)
   with pytest.raises(ValueError, match="unknown algorithm 'fedprox'"):
     common.algorithm("fedprox", prfl.data.regression_loss)
+
+
+def test_float32_matmuls_turns_every_tf32_switch_off_and_restores_it():
+  """Inside `common.float32_matmuls`: JAX at "highest", PyTorch's old TF32
+  switches off and every newer `fp32_precision` setting at "ieee" (cuDNN's
+  conv default is "tf32" in PyTorch >= 2.9); all restored after.
+
+  Seen to fail before the `fp32_precision` settings were set (an H200 run's
+  CUDA loop then differed from prfl's centres by 5e-3).
+  """
+  torch = pytest.importorskip("torch")
+  conv = getattr(torch.backends.cudnn, "conv", None)
+  if conv is None or not hasattr(conv, "fp32_precision"):
+    pytest.skip("PyTorch < 2.9 has no fp32_precision settings")
+  before = (conv.fp32_precision, torch.backends.cudnn.allow_tf32,
+            torch.backends.cuda.matmul.allow_tf32)
+
+  @common.float32_matmuls
+  def read():
+    return (conv.fp32_precision, torch.backends.cuda.matmul.fp32_precision,
+            torch.backends.cudnn.allow_tf32,
+            torch.backends.cuda.matmul.allow_tf32,
+            jax.config.jax_default_matmul_precision)
+
+  assert read() == ("ieee", "ieee", False, False, "highest")
+  assert (conv.fp32_precision, torch.backends.cudnn.allow_tf32,
+          torch.backends.cuda.matmul.allow_tf32) == before

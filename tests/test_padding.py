@@ -13,6 +13,7 @@ import pytest
 
 import prfl_jax as prfl
 from prfl_jax import models
+from tests import tolerances
 
 
 def _pm1_federation(n=4, m=64, dim=5, seed=0):
@@ -154,5 +155,7 @@ def test_federated_clustering_kernels_take_padded_batches():
         plan=prfl.ExecutionPlan(2, kernel))
     out.append(prfl.train(alg, params, data, num_rounds=2, batch_size=4,
                           key=jax.random.key(0), verbose=False).state.params)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4,
-                                                       atol=1e-5), *out)
+  # The models pass through the user's matmuls: TF32 on a GPU at JAX's
+  # default precision (an H200 read 9.8e-4 relative).
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(
+      a, b, **tolerances.model(1e-4, 1e-5)), *out)

@@ -3,12 +3,17 @@ valid Python and each can be swapped in by an in-process worker (the tool is
 run by hand, not in CI)."""
 
 import ast
+import dataclasses
+import json
+import signal
+import time
 
 import numpy as np
 import pytest
 
 from tools import mutation as tool
 from tools.mutation import tally
+from tools.mutation import workers
 
 
 def _mutants(preset):
@@ -83,6 +88,56 @@ def test_sample_is_seeded_uniform_without_replacement_plus_every_edit():
   assert counts.min() > 15 and counts.max() < 70  # Mean 40, sd ~6.
 
 
+def test_exclude_leaves_an_earlier_samples_mutants_out_of_the_permutation(
+    tmp_path):
+  """A fresh sample: the same seeded permutation without the mutants an
+  earlier result ran (matched on module, function, kind and change, not the
+  line). Seen to fail when the exclusion is applied before the shuffle (the
+  order then depends on the earlier sample) or ignored."""
+  mutants = _fake(100, 1)
+  for m in mutants:
+    m.before = f"x{m.index}"
+  key = lambda m: tool.exclusion_key(m.path, "f", m.kind, m.before, m.after)
+  full = [m.index for m in tool.select(mutants, sample=100, seed=3)][:-1]
+  earlier = [dict(dataclasses.asdict(m), function="f", line=m.line + 7,
+                  status="killed") for m in mutants if m.index in full[:10]]
+  earlier.append(dict(earlier[0], before="x99", status="pending"))
+  path = tmp_path / "earlier.json"
+  path.write_text(json.dumps(dict(mutants=earlier)))
+  fresh = tool.select(mutants, sample=20, seed=3,
+                      exclude=tool.excluded([str(path)]), key=key)
+  assert [m.index for m in fresh] == full[10:30] + [100]
+
+
+def test_limits_tell_a_looping_mutant_from_a_starved_run():
+  """A mutant's limit is CPU seconds: a loop uses them up (killed), a run
+  that only waits (as one starved by other jobs does) reaches the wall-clock
+  guard first (undecided, run again). Seen to fail when the limit is wall
+  time (the sleep then reads as a timeout, i.e. killed)."""
+  t0 = time.perf_counter()
+  with pytest.raises(workers.CpuLimit):  # A wide guard: the machine is shared.
+    with workers.limits(0.2, starved_factor=100):
+      while True:
+        pass
+  with pytest.raises(workers.Starved):
+    with workers.limits(0.1):
+      time.sleep(5)
+  assert time.perf_counter() - t0 < 4
+  assert signal.getitimer(signal.ITIMER_PROF) == (0.0, 0.0)
+  assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_a_fresh_process_mutant_is_stopped_by_its_cpu_limit(tmp_path):
+  """`--isolation process`: the pytest child gets RLIMIT_CPU; SIGXCPU reads
+  as a timeout (killed). Seen to fail when the limit is not set (the wall
+  guard then reads the loop as starved)."""
+  (tmp_path / "test_loop.py").write_text(
+      "def test_loop():\n  while True:\n    pass\n")
+  status, _, _, _ = workers.run_tests_in_subprocess(
+      str(tmp_path), ["test_loop.py"], 1, starved_factor=100)
+  assert status == "timeout"
+
+
 def test_site_fingerprint_names_the_function_and_hashes_its_source():
   """Seen to fail when the fingerprint hashes the whole module (lines of two
   functions then share it) instead of the function holding the line."""
@@ -108,15 +163,39 @@ def test_tally_applies_reruns_and_gives_the_wilson_interval():
       kind=kind, status=status)
   sample = dict(presets=["p"], operator_mutants=100, mutants=[
       m(0, "killed"), m(1, "timeout"), m(2, "survived"), m(3, "survived"),
-      m(4, "error"), m(5, "pending"), m(6, "killed", "edit")])
+      m(4, "error"), m(5, "pending"), m(6, "killed", "edit"),
+      m(8, "starved")])
   r = tally.row(sample, {tally.key(m(2, "killed")): m(2, "killed")})
   assert (r["run"], r["killed"], r["timeouts"], r["survived"], r["errors"],
-          r["fixed"], r["still"]) == (5, 1, 1, 2, 1, 1, [3])
+          r["fixed"], r["still"]) == (6, 1, 1, 2, 2, 1, [3])
   assert r["killed_after"] == 3 and r["share"] == 0.75
   assert r["projected"] == (round(100 * r["lo"]), round(100 * r["hi"]))
-  assert "| `p` | 100 | 5 | 1 | 1 | 2 | 1 | #3 | 1 | 3/4 = 75.0% |" in (
+  assert "| `p` | 100 | 6 | 1 | 1 | 2 | 1 | #3 | 2 | 3/4 = 75.0% |" in (
       tally.markdown([r]))
   # A continued sample (the pending #5 run later) merges into one row.
   more = dict(sample, mutants=[m(5, "survived"), m(7, "pending")])
   (merged,) = tally.merge([sample, more])
-  assert tally.row(merged, {})["run"] == 6
+  assert tally.row(merged, {})["run"] == 7
+
+
+def test_a_factorys_closures_made_before_the_swap_run_the_mutant():
+  """A rule a test module builds at import (`agg.signguard()` in
+  `test_robust_aggregators.RULES`) is a closure made before any mutant is
+  swapped in: it must run the mutated code too. Seen to fail (the closure
+  kept the original) when only the factory's `__code__` is swapped, as
+  before session 5: SignGuard's clipping `minimum(1, M / norm)` -> `maximum`
+  then survived every test in-process."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from prfl_jax import aggregators  # pylint: disable=g-import-not-at-top
+  rule = aggregators.mean()
+  x, w = jnp.array([[1.0], [jnp.nan]]), jnp.array([1.0, 0.0])
+  assert float(rule(x, w)[0]) == 1.0  # The absent NaN row is zeroed.
+  (m,) = [m for m in tool.generate("prfl_jax/aggregators/coordinate.py",
+                                   "mean", 0)
+          if (m.before, m.after) == ("weights > 0", "weights >= 0")]
+  undo = workers.swap_in(m)
+  try:
+    assert np.isnan(float(rule(x, w)[0]))  # 0 * NaN: the row is not zeroed.
+  finally:
+    undo()
+  assert float(rule(x, w)[0]) == 1.0

@@ -54,6 +54,8 @@ Modules: `operators` (which nodes change and how, the mutated source),
 mutant's tests in-process or in a fresh process), `cli` (the command line).
 """
 
+from tools.mutation.cli import excluded
+from tools.mutation.cli import exclusion_key
 from tools.mutation.cli import main
 from tools.mutation.cli import select
 from tools.mutation.operators import Mutant

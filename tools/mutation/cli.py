@@ -11,7 +11,7 @@ import shutil
 import tempfile
 import threading
 import time
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import tools.mutation as package
 from tools.mutation.operators import Mutant
@@ -29,26 +29,52 @@ from tools.mutation.workers import inprocess_site
 from tools.mutation.workers import make_scratch
 from tools.mutation.workers import run_tests_in_subprocess
 from tools.mutation.workers import site_fingerprint
+from tools.mutation.workers import top_level_name
 from tools.mutation.workers import worker
 
 
 def select(mutants: List[Mutant], only: Optional[Set[int]] = None,
            every: int = 1, sample: Optional[int] = None,
-           seed: int = 0) -> List[Mutant]:
+           seed: int = 0, exclude: Optional[Set[tuple]] = None,
+           key: Optional[Callable[[Mutant], tuple]] = None) -> List[Mutant]:
   """The mutants to run, in the order they run.
 
   Of the operator mutants: those whose number is a multiple of `every`; of
   these, if `sample` is given, the first `sample` of a permutation drawn with
   `seed` (uniform without replacement), in that order, so that a larger
   `sample` extends a smaller one and the first n mutants a run finishes are
-  the sample of n. Then every edit. Then only those in `only` (all if None).
+  the sample of n. Mutants whose `key(m)` is in `exclude` (those an earlier
+  sample ran) are dropped from the permutation before the first `sample` are
+  taken, so the rest is a uniform sample of the mutants not run before. Then
+  every edit. Then only those in `only` (all if None).
   """
   ops = [m for m in mutants if m.kind != "edit" and m.index % every == 0]
   if sample is not None:
     random.Random(seed).shuffle(ops)
+    if exclude:
+      ops = [m for m in ops if key(m) not in exclude]
     ops = ops[:sample]
   return [m for m in ops + [m for m in mutants if m.kind == "edit"]
           if only is None or m.index in only]
+
+
+def exclusion_key(path: str, function: Optional[str], kind: str, before: str,
+                  after: str) -> tuple:
+  """What `--exclude` matches a mutant on: its module, top-level function,
+  kind and change, not its line (lines move when code above them changes)."""
+  return path, function, kind, before, after
+
+
+def excluded(paths: Sequence[str]) -> Set[tuple]:
+  """The exclusion keys of the finished operator mutants of result JSONs."""
+  out = set()
+  for path in paths:
+    with open(path, encoding="utf-8") as f:
+      out |= {exclusion_key(m["path"], m.get("function"), m["kind"],
+                            m["before"], m["after"])
+              for m in json.load(f)["mutants"]
+              if m["kind"] != "edit" and m["status"] != "pending"}
+  return out
 
 
 def _save(path: str, header: dict, todo: List[Mutant],
@@ -62,7 +88,8 @@ def _save(path: str, header: dict, todo: List[Mutant],
   result = dict(header, counts=dict(
       mutants=len(todo), done=len(done), killed=count("killed", "timeout"),
       timeouts=count("timeout"), survived=count("survived"),
-      errors=len(done) - count("killed", "timeout", "survived")),
+      starved=count("starved"),
+      errors=len(done) - count("killed", "timeout", "survived", "starved")),
                 mutants=[dict(dataclasses.asdict(m), tests=tests_of[m.index],
                               **fingerprints[m.index])
                          for m in todo])
@@ -93,8 +120,13 @@ def main(argv=None) -> int:
   p.add_argument("--skip-clean", action="store_true",
                  help="do not run the tests once without mutants first")
   p.add_argument("--timeout", type=float, default=None,
-                 help="seconds per mutant (default: 3x the clean run of its "
-                 "tests, >= 120; 1800 with --skip-clean)")
+                 help="CPU seconds per mutant (default: 3x the clean run of "
+                 "its tests, >= 120; 1800 with --skip-clean); a mutant whose "
+                 "tests reach 4x that in wall time first was starved by "
+                 "other jobs: it runs again, and never counts as killed")
+  p.add_argument("--retries", type=int, default=2,
+                 help="how many times a starved mutant runs again, at the "
+                 "end of the queue (default 2); then it is left 'starved'")
   p.add_argument("--only", default=None,
                  help="comma-separated mutant numbers to run")
   p.add_argument("--every", type=int, default=1,
@@ -106,6 +138,10 @@ def main(argv=None) -> int:
                  "with --seed, and every edit; --only then narrows it")
   p.add_argument("--seed", type=int, default=0,
                  help="the seed of --sample (default 0)")
+  p.add_argument("--exclude", action="append", default=[],
+                 help="a result JSON (repeatable): its finished operator "
+                 "mutants (matched by module, function, kind and change) "
+                 "are left out of --sample, which then samples the others")
   p.add_argument("--budget", type=float, default=None,
                  help="seconds of wall time after which no new mutant starts "
                  "(those left are recorded as pending; with --sample, the "
@@ -137,6 +173,13 @@ def main(argv=None) -> int:
     p.error(f"--budget must be > 0 seconds, got {args.budget}")
   if args.sample is not None and args.sample < 0:
     p.error(f"--sample must be >= 0, got {args.sample}")
+  if args.retries < 0:
+    p.error(f"--retries must be >= 0, got {args.retries}")
+  if args.exclude and args.sample is None:
+    p.error("--exclude needs --sample")
+  for path in args.exclude:
+    if not os.path.isfile(path):
+      p.error(f"--exclude: {path} does not exist")
 
   mutants: List[Mutant] = []
   tests_of: Dict[int, Tuple[str, ...]] = {}
@@ -158,7 +201,10 @@ def main(argv=None) -> int:
   print(f"{len(mutants)} mutants in {len(targets)} targets:", flush=True)
   for t in targets:
     print(f"  {t}")
-  todo = select(mutants, only, args.every, args.sample, args.seed)
+  todo = select(mutants, only, args.every, args.sample, args.seed,
+                excluded(args.exclude),
+                lambda m: exclusion_key(m.path, top_level_name(m.path, m.line),
+                                        m.kind, m.before, m.after))
   if args.list:
     for m in todo:
       print(f"{m.index:4d} {m.path}:{m.line} {m.kind:15s} {m.before!r} -> "
@@ -185,15 +231,17 @@ def main(argv=None) -> int:
     clean_lock = threading.Lock()
 
     def clean_run(tests, run):
-      """Seconds of the tests' run without a mutant (None: --skip-clean), or
-      why they fail without one; run once per test set, when first needed."""
+      """CPU seconds of the tests' run without a mutant (wall seconds in
+      process isolation; None: --skip-clean), or why they fail without one;
+      run once per test set, when first needed."""
       tests = tuple(sorted(tests))  # The same set in another order.
       with clean_lock:
         if tests not in clean and args.skip_clean:
           clean[tests] = None
         elif tests not in clean:
-          status, seconds, failed = run(tests, 3600)
-          clean[tests] = (seconds if status == "survived" else
+          status, seconds, failed, cpu = run(tests, 3600)
+          clean[tests] = ((seconds if cpu is None else cpu)
+                          if status == "survived" else
                           f"its tests fail without any mutant ({status}): "
                           f"{failed}")
           print(f"clean run of {' '.join(tests)}: {clean[tests]}", flush=True)
@@ -213,7 +261,8 @@ def main(argv=None) -> int:
             m.kind != "edit" for m in mutants),
         targets=[str(t) for t in targets], workers=args.workers,
         isolation=args.isolation, every=args.every, sample=args.sample,
-        seed=args.seed, budget=args.budget)
+        seed=args.seed, budget=args.budget, retries=args.retries,
+        exclude=args.exclude)
     fingerprints = {m.index: site_fingerprint(m.path, m.line, tests_of[m.index])
                     for m in todo} if args.out else {}
 
@@ -221,17 +270,28 @@ def main(argv=None) -> int:
       return dict(header, total_s=elapsed, loadavg_end=os.getloadavg(),
                   clean_run_s={" ".join(k): v for k, v in clean.items()})
 
+    tries: Dict[int, int] = {}
+
     def report(m):
       with lock:
+        tries[m.index] = tries.get(m.index, 0) + 1
+        if m.status == "starved" and tries[m.index] <= args.retries:
+          print(f"#{m.index} starved ({m.seconds:.0f} s wall, "
+                f"{m.cpu_seconds or 0:.0f} s CPU): it runs again at the end",
+                flush=True)
+          m.status = "pending"
+          queue.append(m)
+          return
         done.append(m)
         n = len(done)
         killed = sum(x.status in ("killed", "timeout") for x in done)
+        survived = sum(x.status == "survived" for x in done)
         elapsed = time.perf_counter() - t0
         left = elapsed / n * (len(todo) - n)
         print(f"[{n}/{len(todo)}] #{m.index} {m.status:8s} "
               f"{m.path}:{m.line} {m.before!r} -> {m.after!r} "
               f"({m.seconds:.0f} s) | killed {killed}, survived "
-              f"{n - killed}, ~{left / 60:.0f} min left", flush=True)
+              f"{survived}, ~{left / 60:.0f} min left", flush=True)
         if args.out:
           _save(args.out, state(elapsed), todo, tests_of, fingerprints)
 
@@ -260,8 +320,9 @@ def main(argv=None) -> int:
         try:
           with open(dest, "w", encoding="utf-8") as f:
             f.write(mutated_source(m))
-          m.status, m.seconds, m.failed = run_tests_in_subprocess(
-              scratch, tests_of[m.index], timeout_of(m))
+          m.status, m.seconds, m.failed, m.cpu_seconds = (
+              run_tests_in_subprocess(scratch, tests_of[m.index],
+                                      timeout_of(m)))
         finally:
           with open(dest, "w", encoding="utf-8") as f:
             f.write(unparsed_source(m.path))
@@ -270,8 +331,8 @@ def main(argv=None) -> int:
     def serve_inprocess(w):
       def run(tests, timeout):
         r = workers[w].ask(dict(kind="clean", tests=tests, timeout=timeout))
-        return ((r["status"], r["seconds"], r["failed"]) if r else
-                ("error", 0.0, "worker died"))
+        return ((r["status"], r["seconds"], r["failed"], r["cpu_seconds"])
+                if r else ("error", 0.0, "worker died", None))
       while (m := take()) is not None:
         if unclean(m, run):
           continue
@@ -285,7 +346,8 @@ def main(argv=None) -> int:
           workers[w].close()
           workers[w] = WorkerProcess()
         else:
-          m.status, m.seconds, m.failed = r["status"], r["seconds"], r["failed"]
+          m.status, m.seconds, m.failed, m.cpu_seconds = (
+              r["status"], r["seconds"], r["failed"], r["cpu_seconds"])
         report(m)
 
     serve = serve_process if args.isolation == "process" else serve_inprocess
@@ -301,10 +363,12 @@ def main(argv=None) -> int:
   survived = [m for m in todo if m.status == "survived"]
   pending = [m for m in todo if m.status == "pending"]
   errors = [m for m in todo if m.status == "error"]
+  starved = [m for m in todo if m.status == "starved"]
   timeouts = sum(m.status == "timeout" for m in todo)
   print(f"\n{len(todo) - len(pending)} of {len(todo)} mutants run: "
-        f"{len(killed)} killed ({timeouts} of them by timeout), "
-        f"{len(survived)} survived, {len(errors)} errors, {total_s / 60:.1f} "
+        f"{len(killed)} killed ({timeouts} of them by their CPU limit), "
+        f"{len(survived)} survived, {len(starved)} starved (undecided), "
+        f"{len(errors)} errors, {total_s / 60:.1f} "
         f"min ({args.workers} workers, {args.isolation}, load "
         f"{os.getloadavg()[0]:.1f} at the end)")
   for m in survived:
@@ -312,6 +376,8 @@ def main(argv=None) -> int:
           f" -> {m.after!r}")
   for m in errors:
     print(f"  error #{m.index} {m.path}:{m.line}: {m.failed}")
+  for m in starved:
+    print(f"  starved #{m.index} {m.path}:{m.line}: run it again (--only)")
   if args.out:
     _save(args.out, state(total_s), todo, tests_of, fingerprints)
     print(f"saved {args.out}")

@@ -43,8 +43,11 @@ class Mutant:
   after: str
   node_pos: int  # Position of the node in `_walk(tree)` (-1 for an edit).
   variant: int  # Which of the node's mutations.
-  status: str = "pending"  # killed | survived | timeout | error
-  seconds: float = 0.0
+  # killed | survived | timeout (CPU limit: killed) | starved (undecided) |
+  # error
+  status: str = "pending"
+  seconds: float = 0.0  # Wall time of its tests.
+  cpu_seconds: Optional[float] = None  # Their CPU time (in-process only).
   failed: str = ""  # First failing test (killed mutants).
   old: str = ""  # An edit's replaced text (exact, once in its function).
   new: str = ""  # An edit's replacement.

@@ -9,8 +9,10 @@ presets (a sample continued with `--only` the mutants it had not run) are
 merged into one row. A RERUN (`--only` after a
 test was added) replaces the result of the same mutant, matched by path,
 function, line and change, so a survivor a new test kills counts as killed
-after the fix. The killed share counts timeouts as killed (as the tool does;
-they are also shown apart), leaves errors out, and has a 95% Wilson interval;
+after the fix. The killed share counts timeouts (a mutant's tests used up
+their CPU seconds) as killed (as the tool does; they are also shown apart),
+leaves errors and starved mutants (undecided: the wall-clock guard ran out
+first, every retry) out, and has a 95% Wilson interval;
 the projection multiplies it by the preset's number of operator mutants.
 """
 
@@ -54,14 +56,15 @@ def row(sample: dict, reruns: Dict[tuple, dict]) -> dict:
   count = lambda ms, *s: sum(m["status"] in s for m in ms)
   after = [reruns.get(key(m), m) for m in done]
   survived = [m for m in done if m["status"] == "survived"]
-  n = len(done) - count(done, "error")
+  undecided = count(done, "error", "starved")
+  n = len(done) - undecided
   killed = count(after, *KILLED)
   lo, hi = wilson(killed, n) if n else (math.nan, math.nan)
   total = sample["operator_mutants"]
   return dict(
       preset="+".join(sample["presets"]), total=total, run=len(done),
       killed=count(done, "killed"), timeouts=count(done, "timeout"),
-      survived=len(survived), errors=count(done, "error"),
+      survived=len(survived), errors=undecided,
       fixed=sum(reruns.get(key(m), m)["status"] in KILLED for m in survived),
       still=[m["index"] for m in survived
              if reruns.get(key(m), m)["status"] == "survived"],
@@ -72,8 +75,8 @@ def row(sample: dict, reruns: Dict[tuple, dict]) -> dict:
 def markdown(rows: Sequence[dict]) -> str:
   lines = ["| preset | operator mutants | sampled (run) | killed by a test | "
            "timeouts | survived | of them killed by a new test | still "
-           "surviving | errors | killed share after | 95% Wilson | projected "
-           "killed of the preset |",
+           "surviving | errors or starved | killed share after | 95% Wilson "
+           "| projected killed of the preset |",
            "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
   for r in rows:
     still = ", ".join(f"#{i}" for i in r["still"]) or "0"

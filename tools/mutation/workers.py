@@ -3,11 +3,16 @@ mutated code in (`inprocess`), or in a fresh pytest process on a scratch copy
 of the repository (`process`)."""
 
 import ast
+import contextlib
+import functools
 import hashlib
 import json
+import math
 import os
 import re
+import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -23,6 +28,12 @@ from tools.mutation.operators import mutated_source
 # test (setup.cfg's -rs lists only skips).
 PYTEST_ARGS = ("-x", "-q", "-n", "0", "-rfE", "-p", "no:cacheprovider", "-p",
                "no:randomly")
+
+# A mutant's time limit is in CPU seconds of its tests (a mutant that loops
+# uses them up: "timeout", killed); a run that reaches STARVED_FACTOR times
+# the limit in wall time first was starved by other jobs on the machine
+# ("starved": undecided, run again later, never counted as killed).
+STARVED_FACTOR = 4.0
 
 
 def _repo_files() -> List[str]:
@@ -45,28 +56,39 @@ def _first_failure(out: str) -> str:
   return failed.group(1) if failed else out[-300:]
 
 
+# Runs `python ARGS...` with a CPU-seconds limit (RLIMIT_CPU: SIGXCPU ends
+# a process that uses it up, with all its threads).
+_CPU_LIMITED = ("import os, resource, sys; s = int(sys.argv[1]); "
+                "resource.setrlimit(resource.RLIMIT_CPU, (s, s + 5)); "
+                "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])")
+
+
 def run_tests_in_subprocess(scratch: str, tests: Sequence[str],
-                            timeout: float):
-  """Runs pytest in `scratch`; returns (status, seconds, first failure)."""
+                            timeout: float,
+                            starved_factor: float = STARVED_FACTOR):
+  """Runs pytest in `scratch` with `timeout` CPU seconds (wall guard:
+  `starved_factor` times that); returns (status, wall seconds, first failure,
+  None: the child's CPU seconds are not measured)."""
   env = dict(os.environ)
   env["PYTHONPATH"] = scratch
   env["PYTHONDONTWRITEBYTECODE"] = "1"
   env.setdefault("JAX_PLATFORMS", "cpu")
-  cmd = [sys.executable, "-m", "pytest", *PYTEST_ARGS, *tests]
+  cmd = [sys.executable, "-c", _CPU_LIMITED, str(math.ceil(timeout)), "-m",
+         "pytest", *PYTEST_ARGS, *tests]
   t0 = time.perf_counter()
   try:
     proc = subprocess.run(cmd, cwd=scratch, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=starved_factor * timeout)
   except subprocess.TimeoutExpired:
-    return "timeout", time.perf_counter() - t0, ""
+    return "starved", time.perf_counter() - t0, "", None
   seconds = time.perf_counter() - t0
+  if proc.returncode == -signal.SIGXCPU:
+    return "timeout", seconds, "", None
   if proc.returncode == 0:
-    return "survived", seconds, ""
+    return "survived", seconds, "", None
   if proc.returncode in (1, 2):  # Test failure; collection/import error.
-    return "killed", seconds, _first_failure(proc.stdout + proc.stderr)
-  return "error", seconds, (proc.stdout + proc.stderr)[-300:]
-
-
+    return "killed", seconds, _first_failure(proc.stdout + proc.stderr), None
+  return "error", seconds, (proc.stdout + proc.stderr)[-300:], None
 
 
 def inprocess_site(path: str, line: int) -> Tuple[str, str]:
@@ -92,6 +114,32 @@ def inprocess_site(path: str, line: int) -> Tuple[str, str]:
       "module-level constant; use --isolation process for it")
 
 
+@functools.lru_cache(maxsize=None)
+def _source(path: str) -> str:
+  with open(os.path.join(REPO, path), encoding="utf-8") as f:
+    return f.read()
+
+
+@functools.lru_cache(maxsize=None)
+def _tree(path: str) -> ast.Module:
+  return ast.parse(_source(path))
+
+
+def _top_level_node(path: str, line: int) -> Optional[ast.AST]:
+  return next((n for n in _tree(path).body
+               if n.lineno <= line <= n.end_lineno), None)
+
+
+def top_level_name(path: str, line: int) -> Optional[str]:
+  """The top-level function or constant holding `path:line` (None if
+  neither); the sources are read once per run (a run never changes them)."""
+  node = _top_level_node(path, line)
+  if isinstance(node, (ast.Assign, ast.AnnAssign)):
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    return ",".join(t.id for t in targets if isinstance(t, ast.Name)) or None
+  return getattr(node, "name", None)
+
+
 def site_fingerprint(path: str, line: int, tests: Sequence[str]) -> dict:
   """What identifies a mutant's result across runs and sessions: the
   top-level function or constant holding `path:line` (None if neither), the
@@ -101,13 +149,9 @@ def site_fingerprint(path: str, line: int, tests: Sequence[str]) -> dict:
   outside the mutated function), so no run skips a mutant on them; they let a
   reader match results of different sessions.
   """
-  source = open(os.path.join(REPO, path), encoding="utf-8").read()
-  node = next((n for n in ast.parse(source).body
-               if n.lineno <= line <= n.end_lineno), None)
-  name = getattr(node, "name", None)
-  if isinstance(node, (ast.Assign, ast.AnnAssign)):
-    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-    name = ",".join(t.id for t in targets if isinstance(t, ast.Name)) or None
+  source = _source(path)
+  node = _top_level_node(path, line)
+  name = top_level_name(path, line)
   segment = ast.get_source_segment(source, node) if node else ""
   files = sorted({t.split("::")[0] for t in tests} | {"tests/conftest.py"})
   digest = hashlib.sha256()
@@ -157,15 +201,122 @@ def swap_in(m: Mutant) -> Callable[[], None]:
                                                    args.kw_defaults)
                 if e is not None} or None
   old = fn.__code__, fn.__defaults__, fn.__kwdefaults__
+  closures = _swap_closures(fn.__code__, new)
   fn.__code__, fn.__defaults__, fn.__kwdefaults__ = new, defaults, kwdefaults
 
   def undo():
     fn.__code__, fn.__defaults__, fn.__kwdefaults__ = old
+    for f, code in closures:
+      f.__code__ = code
   return undo
 
 
-class _Timeout(Exception):
-  pass
+def _nested_codes(code) -> dict:
+  """The code objects of the functions defined inside `code`, at any depth,
+  by qualified name."""
+  import types  # pylint: disable=g-import-not-at-top
+  out = {}
+  for c in code.co_consts:
+    if isinstance(c, types.CodeType):
+      out[c.co_qualname] = c
+      out.update(_nested_codes(c))
+  return out
+
+
+def _swap_closures(old_code, new_code) -> list:
+  """Gives the live functions made from the functions nested in `old_code`
+  (a factory's closures, e.g. a rule a test module built at import) the
+  mutated code; returns (function, original code) pairs for the undo.
+
+  Swapping the factory's `__code__` alone reaches only closures made after
+  the swap. A closure whose mutated code has other free variables (an edit
+  that names another variable) keeps its code.
+  """
+  import gc  # pylint: disable=g-import-not-at-top
+  import types  # pylint: disable=g-import-not-at-top
+  old, new = _nested_codes(old_code), _nested_codes(new_code)
+  by_code = {id(c): new[q] for q, c in old.items()
+             if q in new and new[q].co_freevars == c.co_freevars}
+  swapped = []
+  for f in gc.get_objects():
+    if isinstance(f, types.FunctionType) and id(f.__code__) in by_code:
+      swapped.append((f, f.__code__))
+      f.__code__ = by_code[id(f.__code__)]
+  return swapped
+
+
+class CpuLimit(Exception):
+  """The tests used up their CPU seconds."""
+
+
+class Starved(Exception):
+  """The wall-clock guard ran out before the CPU limit."""
+
+
+@contextlib.contextmanager
+def limits(cpu_seconds: float, starved_factor: float = STARVED_FACTOR):
+  """Raises `CpuLimit` in the block once this process has used `cpu_seconds`
+  of CPU (all threads: ITIMER_PROF), or `Starved` once `starved_factor`
+  times that has passed in wall time. Main thread only (signals)."""
+
+  def raise_(exc):
+    def handler(signum, frame):
+      raise exc()
+    return handler
+
+  old = (signal.signal(signal.SIGPROF, raise_(CpuLimit)),
+         signal.signal(signal.SIGALRM, raise_(Starved)))
+  signal.setitimer(signal.ITIMER_PROF, cpu_seconds)
+  signal.setitimer(signal.ITIMER_REAL, starved_factor * cpu_seconds)
+  try:
+    yield
+  finally:
+    signal.setitimer(signal.ITIMER_PROF, 0)
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGPROF, old[0])
+    signal.signal(signal.SIGALRM, old[1])
+
+
+def cpu_seconds() -> float:
+  """CPU seconds this process has used (user + system, all threads)."""
+  r = resource.getrusage(resource.RUSAGE_SELF)
+  return r.ru_utime + r.ru_stime
+
+
+def run_pytest_here(tests: Sequence[str], timeout: float):
+  """Runs pytest on `tests` in this process under `limits(timeout)`; returns
+  (status, wall seconds, first failure, CPU seconds)."""
+  import pytest  # pylint: disable=g-import-not-at-top
+  with tempfile.TemporaryFile("w+") as log:
+    saved = os.dup(1), os.dup(2)
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    t0, c0 = time.perf_counter(), cpu_seconds()
+    limit = None
+    try:
+      with limits(timeout):
+        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+          rc = pytest.main([*PYTEST_ARGS, *tests])
+    except (CpuLimit, Starved) as e:
+      rc, limit = -1, type(e).__name__
+    finally:
+      os.dup2(saved[0], 1)
+      os.dup2(saved[1], 2)
+      os.close(saved[0])
+      os.close(saved[1])
+    seconds, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+    log.seek(0)
+    out = log.read()
+  # A limit raised inside a test is caught by pytest: read its name.
+  if limit == "Starved" or (limit is None and "Starved" in out):
+    return "starved", seconds, "", cpu
+  if limit == "CpuLimit" or "CpuLimit" in out:
+    return "timeout", seconds, "", cpu
+  if rc == 0:
+    return "survived", seconds, "", cpu
+  if rc in (1, 2):
+    return "killed", seconds, _first_failure(out), cpu
+  return "error", seconds, f"pytest exit {rc}: " + out[-300:], cpu
 
 
 def worker() -> int:
@@ -178,65 +329,26 @@ def worker() -> int:
   caches are cleared, pytest runs in this process, and the original is
   restored.
   """
-  import contextlib  # pylint: disable=g-import-not-at-top
-  import signal  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
-  import pytest  # pylint: disable=g-import-not-at-top
 
   sys.path.insert(0, REPO)
   os.chdir(REPO)
   reply = os.fdopen(os.dup(1), "w")  # Tests' output goes to a log instead.
 
-  def on_alarm(signum, frame):
-    raise _Timeout()
-
-  signal.signal(signal.SIGALRM, on_alarm)
-
-  def run(tests, timeout):
-    with tempfile.TemporaryFile("w+") as log:
-      saved = os.dup(1), os.dup(2)
-      os.dup2(log.fileno(), 1)
-      os.dup2(log.fileno(), 2)
-      t0 = time.perf_counter()
-      timed_out = False
-      signal.alarm(int(timeout))
-      try:
-        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-          rc = pytest.main([*PYTEST_ARGS, *tests])
-      except _Timeout:
-        rc, timed_out = -1, True
-      finally:
-        signal.alarm(0)
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        os.close(saved[0])
-        os.close(saved[1])
-      seconds = time.perf_counter() - t0
-      log.seek(0)
-      out = log.read()
-    if timed_out or "_Timeout" in out:
-      return "timeout", seconds, ""
-    if rc == 0:
-      return "survived", seconds, ""
-    if rc in (1, 2):
-      return "killed", seconds, _first_failure(out)
-    return "error", seconds, f"pytest exit {rc}: " + out[-300:]
-
   for line in sys.stdin:
     job = json.loads(line)
-    if job["kind"] == "clean":
-      status, seconds, failed = run(job["tests"], job["timeout"])
-      result = dict(status=status, seconds=seconds, failed=failed)
-    else:
-      undo = swap_in(Mutant(**job["mutant"]))
-      jax.clear_caches()
-      try:
-        status, seconds, failed = run(job["tests"], job["timeout"])
-      finally:
+    undo = (swap_in(Mutant(**job["mutant"])) if job["kind"] == "mutant" else
+            None)
+    jax.clear_caches()
+    try:
+      status, seconds, failed, cpu = run_pytest_here(job["tests"],
+                                                     job["timeout"])
+    finally:
+      if undo is not None:
         undo()
         jax.clear_caches()
-      result = dict(status=status, seconds=seconds, failed=failed)
-    reply.write(json.dumps(result) + "\n")
+    reply.write(json.dumps(dict(status=status, seconds=seconds, failed=failed,
+                                cpu_seconds=cpu)) + "\n")
     reply.flush()
   return 0
 
