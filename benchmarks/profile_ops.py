@@ -22,10 +22,9 @@ import tempfile
 
 import jax
 
-import prfl_jax as prfl
 from prfl_jax import kernels
 from benchmarks import common
-from benchmarks import zoo
+from benchmarks import profile_cnn
 
 # Control flow: its events span the ops inside it.
 _CONTROL = ("while", "call", "conditional")
@@ -70,22 +69,10 @@ def op_times(compiled, args, repeats: int, ops) -> collections.Counter:
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--model", choices=sorted(zoo.SPECS), default="cnn_small")
-  p.add_argument("--clients", type=common.positive_int, default=8)
-  p.add_argument("--batch-size", type=common.positive_int, default=16)
-  p.add_argument("--num-iters", type=common.positive_int, default=10)
-  p.add_argument("--repeats", type=common.positive_int, default=3)
+  profile_cnn.add_round_args(p, repeats=3)
   p.add_argument("--top", type=common.positive_int, default=20)
-  p.add_argument("--width-divisor", type=common.positive_int, default=1)
   args = p.parse_args(argv)
-  if args.clients < 2:
-    p.error("--clients must be >= 2")
-  spec = zoo.SPECS[args.model].scaled(args.width_divisor)
-  params, batch = zoo.federation(spec, args.clients, args.batch_size, 0)
-  _, loss_fn = zoo.make_loss(spec)
-  radius = prfl.quantile_radius(0.2)
-  print(f"load average {os.getloadavg()}, {args.model}, N={args.clients}, "
-        f"batch {args.batch_size}", flush=True)
+  _, loss_fn, params, batch, radius = profile_cnn.round_problem(p, args)
   with jax.default_matmul_precision("highest"):
     compiled = jax.jit(lambda x, b: kernels.cluster_at_models(
         loss_fn, x, b, radius=radius, num_iters=args.num_iters).centers
