@@ -2,8 +2,7 @@
 
 The run record (what a resume must repeat), renamed step directories,
 half-written steps left by a killed save, a full disk (and only a full
-disk), and a resume that
-rewrites a corrupt newest round. "Failed before the fix" means the test was
+disk), and a resume that rewrites a corrupt newest round. "Failed before the fix" means the test was
 run once on the code before the fix and failed there.
 """
 
