@@ -41,7 +41,8 @@ def test_dead_centres_coincide_within_rtol_of_the_larger_norm():
   0.1 apart, beyond 0.05: both live; a centre with no client is dead.
   Seen to fail with the tolerance divided by the norm (`rtol / max`, 1e-5
   here), which no Momentum-Clustering run in the tests separated from
-  `rtol * max`: session 5's sample, algorithms #292."""
+  `rtol * max`: session 5's sample, algorithms #292; and with `any` ->
+  `all` over the lower triangle (#299: no centre then ever coincides)."""
   centres = {"w": jnp.array([[100.0, 0.0], [100.05, 0.0], [0.0, 50.0],
                              [0.0, 50.1], [7.0, 7.0]])}
   dead = dead_centers(centres, jnp.array([0, 1, 2, 3, 3]))
