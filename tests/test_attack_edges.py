@@ -101,3 +101,16 @@ def test_fang_trimmed_mean_draws_beyond_each_benign_extreme():
   assert np.all(lo >= start - 1e-6) and np.all(hi <= end + 1e-6)
   assert np.all(hi - lo > 0.9 * (end - start))
   np.testing.assert_array_equal(out[:3], benign)
+
+
+def test_threshold_objective_takes_one_radius_for_every_start():
+  """Threshold-Clustering is started at every client (their number is
+  known only at the call), so the objective takes one radius (a number or
+  a rule): an array of two radii is refused when the objective is built,
+  before anything is traced, naming `radius`. Seen to fail when the check
+  expects two centres (`check_radius(radius, 2)`: the pair then passes):
+  session 5's sample, attacks #217."""
+  with pytest.raises(ValueError, match="`radius` must be a scalar"):
+    prfl.attacks.threshold_objective(jnp.array([0.5, 1.0]), 3)
+  prfl.attacks.threshold_objective(0.5, 3)
+  prfl.attacks.threshold_objective(prfl.quantile_radius(0.3), 3)

@@ -130,6 +130,33 @@ def test_full_disk_is_an_oserror_and_keeps_earlier_rounds(tmp_path,
   assert int(checkpoint.restore(tmp_path, state).round) == 6
 
 
+@pytest.mark.parametrize("error, full", [
+    (ValueError("orbax: a tensor could not be serialised"), False),
+    (PermissionError(errno.EACCES, "Permission denied"), False),
+    (OSError(errno.EDQUOT, "Disk quota exceeded"), True),
+])
+def test_only_a_full_disk_becomes_enospc(tmp_path, monkeypatch, error, full):
+  """A save that fails for another reason raises that error as it came; a
+  full quota (EDQUOT, whatever its text) is the full-disk OSError(ENOSPC).
+  Seen to fail when the full-disk test inverts its text check
+  (`"os_error_code='28'" not in text`: every error read as a full disk) or
+  its errno check (`errno not in (ENOSPC, EDQUOT)`): session 5's sample,
+  train #137 and #132."""
+  state = prfl.algorithms.local(LOSS, optax.sgd(1e-2)).init(
+      jnp.zeros((4, 3)))
+
+  def fail(self, step, *args, **kwargs):
+    del self, step, args, kwargs
+    raise error
+  monkeypatch.setattr(ocp.CheckpointManager, "save", fail)
+  with pytest.raises(OSError if full else type(error)) as e:
+    checkpoint.save(tmp_path, state)
+  if full:
+    assert e.value.errno == errno.ENOSPC and e.value.__cause__ is error
+  else:
+    assert e.value is error
+
+
 def _tmpfs(path, size):
   path.mkdir()
   try:

@@ -203,8 +203,11 @@ def test_default_keeps_two_clusters_where_the_paper_collapses():
   who stay while inside it) keeps two distinct centres with clients, and
   ends nearer to the optima.
 
-  Seen to fail (the default collapsed too) when `members` was not passed to
-  the clustering.
+  Seen to fail (the default collapsed too) with the paper's balls as the
+  default (`balls="all"`); with `members` not passed to the clustering it
+  raises. The two seeds draw different data but train under one key, which
+  `train` compiles into its program: the second seed's runs read the
+  first's programs from the compile cache (2 compiles, not 4).
   """
   finals = {}
   for name, kw in (("paper", PAPER), ("default", {})):
@@ -216,7 +219,7 @@ def test_default_keeps_two_clusters_where_the_paper_collapses():
           radius=prfl.quantile_radius(0.8), true_clusters=clusters, **kw)
       err = lambda x, t: {"err": jnp.linalg.norm(x - t)}
       h = prfl.train(alg, jnp.zeros((16, 2)), fed, num_rounds=60,
-                     key=jax.random.key(seed + 1), batch_size=4,
+                     key=jax.random.key(1), batch_size=4,
                      eval_fn=err, eval_every=60, verbose=False).history
       out.append([h["train/num_active_clusters"][-1],
                   h["train/distinct_centers"][-1], h["eval/err"][-1]])

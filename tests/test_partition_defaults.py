@@ -71,6 +71,33 @@ def test_description_says_padded_when_only_train_or_only_test_is_ragged():
             fed.description)
 
 
+def test_description_says_nothing_of_padding_when_no_client_is_short():
+  """The default 80/20 split of 25 examples per client (200 over 8 iid
+  clients) gives every client 20 / 5: no padding row, and the description
+  does not claim one. Seen to fail when `padded` compares the smallest size
+  with `<=` (every federation then reads as padded): session 5's sample,
+  partitions #110."""
+  fed = prfl.data.federate(make_ds(), task="none", num_clusters=2,
+                           clients_per_cluster=4)
+  assert (fed.data.train[1] >= 0).all() and (fed.data.test[1] >= 0).all()
+  assert "padded" not in fed.description
+  assert "train 20-20 / test 5-5 examples per client" in fed.description
+
+
+@pytest.mark.parametrize("bad", [-1, 10])
+def test_a_label_out_of_range_on_either_side_is_refused(bad):
+  """Labels must lie in [0, num_classes): one label of -1 (all others
+  valid) or one of 10 with 10 classes is a ValueError naming `ds.labels`.
+  Seen to fail when the check needs both sides out of range (`or` ->
+  `and`): session 5's sample, partitions #16."""
+  ds = make_ds()
+  labels = np.array(ds.labels)
+  labels[7] = bad
+  with pytest.raises(ValueError, match=r"`ds.labels` must lie in \[0, 10\)"):
+    prfl.data.federate(ds._replace(labels=labels), task="none",
+                       num_clusters=2, clients_per_cluster=4)
+
+
 def test_two_examples_per_client_are_enough():
   """200 examples over 2 x 50 clients: 1 train + 1 test each; 51 clients per
   cluster are refused before any work, and a Dirichlet split keeps at least 2
