@@ -24,7 +24,10 @@ Per round, each system does:
   the device: the round's cohort is drawn from its key, its 50 clients' rows
   gathered, one epoch of SGD per client, the clients one after another
   (`lax.map`) inside the one compiled round, the mean change added to the one
-  global model. `--clients-at-once all` `vmap`s the cohort instead: the
+  global model. The clients are split over `--jax-devices` XLA CPU devices
+  (default one per core, like Flower's actors; `fedavg(mesh=)`), each
+  training its share one client at a time; `python -m` asks XLA for one
+  device per core. `--clients-at-once all` `vmap`s the cohort instead: the
   per-client kernels then become grouped convolutions and 50 clients'
   activations, which XLA:CPU runs slower. Convolutions (`--conv`): `fast`
   (default) is `conv_cpu.conv_with_fast_grads`, XLA's convolution forward
@@ -109,12 +112,13 @@ def cnn_apply(conv: str):
   return apply
 
 
-def cohort_fedavg(task: peers_task.Task, conv: str, clients_at_once=None):
+def cohort_fedavg(task: peers_task.Task, conv: str, clients_at_once=None,
+                  mesh=None):
   """FedAvg with one local epoch, run on cohorts of `task.cohort` clients."""
   loss = prfl.models.classifier_loss(cnn_apply(conv))
   alg = prfl.algorithms.fedavg(loss, optax.sgd(task.local_lr),
                                local_steps=task.local_steps,
-                               clients_at_once=clients_at_once)
+                               clients_at_once=clients_at_once, mesh=mesh)
   return prfl.participation.cohort(alg, cohort_size=task.cohort)
 
 
@@ -135,9 +139,9 @@ class PrflJax:
   """
 
   def __init__(self, task: peers_task.Task, data, key: jax.Array,
-               rounds: int, conv: str, clients_at_once):
+               rounds: int, conv: str, clients_at_once, mesh=None):
     self.task, self.key, self.rounds = task, key, rounds
-    self.alg = cohort_fedavg(task, conv, clients_at_once)
+    self.alg = cohort_fedavg(task, conv, clients_at_once, mesh)
     x, y = jax.device_put(data[0]), jax.device_put(data[1].astype(np.int32))
     self.data = prfl.data.FederatedData(
         train=(x, y), test=y,  # No per-client evaluation: test is unused.
@@ -191,6 +195,10 @@ def parse(argv):
   p.add_argument("--clients-at-once", default="1",
                  help="prfl_jax's fedavg(clients_at_once=): an integer, or "
                  "'all' (one vmap over the cohort)")
+  p.add_argument("--jax-devices", type=int, default=os.cpu_count(),
+                 help="prfl_jax's CPU devices (default: one per core): the "
+                 "cohort's clients train in parallel over them, "
+                 "fedavg(mesh=)")
   p.add_argument("--out", default=os.path.join(common.RESULTS_DIR,
                                                "peers_cpu.json"))
   args = p.parse_args(argv)
@@ -199,7 +207,8 @@ def parse(argv):
   if bad or not systems or len(set(systems)) != len(systems):
     p.error(f"--systems must be distinct names from {SYSTEMS}, got "
             f"{args.systems!r}")
-  for name in ("segments", "rounds", "ray_cpus", "torch_threads"):
+  for name in ("segments", "rounds", "ray_cpus", "torch_threads",
+               "jax_devices"):
     if getattr(args, name) < 1:
       p.error(f"--{name.replace('_', '-')} must be >= 1")
   if args.clients_at_once == "all":
@@ -216,12 +225,39 @@ def parse(argv):
     peers_task.check_task(task)
   except ValueError as e:
     p.error(str(e))
+  if task.cohort % args.jax_devices:
+    p.error(f"--cohort {task.cohort} must be divisible by --jax-devices "
+            f"{args.jax_devices}")
   return args, systems, task
+
+
+def client_mesh(devices: int, notes: list):
+  """A mesh of `devices` CPU devices for prfl_jax's clients (None for one).
+
+  XLA makes one CPU device unless `XLA_FLAGS` asks for more before it
+  starts (`force_cpu_devices`, which `python -m` runs); otherwise the mesh
+  has the devices there are, with a note.
+  """
+  have = jax.devices()[:devices]
+  if len(have) < devices:
+    notes.append(f"prfl_jax: {len(have)} of the {devices} --jax-devices "
+                 "(XLA started with fewer)")
+  return prfl.sharding.client_mesh(have) if len(have) > 1 else None
+
+
+def force_cpu_devices(count: int):
+  """Asks XLA for `count` CPU devices, unless `XLA_FLAGS` names a count."""
+  flags = os.environ.get("XLA_FLAGS", "")
+  if "host_platform_device_count" not in flags:
+    os.environ["XLA_FLAGS"] = (
+        f"{flags} --xla_force_host_platform_device_count={count}").strip()
 
 
 def main(argv=None) -> int:
   args, systems, task = parse(argv)
   systems, notes = available(systems)
+  mesh = client_mesh(args.jax_devices, notes)
+  args.jax_devices_used = 1 if mesh is None else mesh.devices.size
   for n in notes:
     print(n, flush=True)
   t = time.perf_counter()
@@ -230,11 +266,11 @@ def main(argv=None) -> int:
         f"({time.perf_counter() - t:.1f}s); load {os.getloadavg()}",
         flush=True)
   with tempfile.TemporaryDirectory() as data_dir:
-    rows = run_segments(args, systems, task, data, data_dir)
+    rows = run_segments(args, systems, task, data, data_dir, mesh)
   return finish(args, task, systems, rows, notes)
 
 
-def run_segments(args, systems, task, data, data_dir: str):
+def run_segments(args, systems, task, data, data_dir: str, mesh):
   """Every system's rounds, segment by segment: {system: row}."""
   key = jax.random.PRNGKey(args.seed)
   cohorts = cohort_ids(key, task, args.segments * args.rounds)
@@ -244,7 +280,7 @@ def run_segments(args, systems, task, data, data_dir: str):
   runners = {}
   if "prfl_jax" in systems:
     jx = PrflJax(task, data, key, args.rounds, args.conv,
-                 args.clients_at_once)
+                 args.clients_at_once, mesh)
     runners["prfl_jax"] = jx.run
   if {"pfl", "flower"} & set(systems):
     from benchmarks import peers_torch  # pylint: disable=g-import-not-at-top
@@ -308,6 +344,7 @@ def finish(args, task, systems, rows, notes) -> int:
              "segments": args.segments, "rounds_per_segment": args.rounds,
              "ray_cpus": args.ray_cpus, "conv": args.conv,
              "clients_at_once": args.clients_at_once,
+             "jax_devices": args.jax_devices_used,
              "command": "python -m benchmarks.bench_peers " + " ".join(
                  sys.argv[1:]), "notes": notes, "versions": versions,
              "machine": common.machine_info(), "rows": table}
@@ -324,4 +361,5 @@ def finish(args, task, systems, rows, notes) -> int:
 
 
 if __name__ == "__main__":
+  force_cpu_devices(os.cpu_count())
   sys.exit(main())

@@ -13,6 +13,8 @@ from typing import Any, NamedTuple, Optional
 import jax
 from jax import lax
 import jax.numpy as jnp
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec
 import optax
 
 from prfl_jax import gradients
@@ -32,7 +34,8 @@ class FedAvgState(NamedTuple):
 
 
 def local_updates(loss_fn, optimizer, params: PyTree, batch: PyTree,
-                  local_steps: int, clients_at_once: Optional[int] = None):
+                  local_steps: int, clients_at_once: Optional[int] = None,
+                  mesh: Optional[Mesh] = None):
   """Every client's model change after `local_steps` optimizer steps.
 
   Args:
@@ -44,6 +47,10 @@ def local_updates(loss_fn, optimizer, params: PyTree, batch: PyTree,
     clients_at_once: None trains all N clients in one `vmap`; k trains them k
       at a time (`lax.map` with `batch_size=k`; 1: one after another, no
       `vmap`). Same results up to float summation order.
+    mesh: None, or a one-dimensional mesh (`prfl.sharding.client_mesh()`):
+      its devices train the clients in parallel (`jax.shard_map`), each its
+      N / devices clients as `clients_at_once` says. N must be divisible by
+      the number of devices.
 
   Returns:
     `(deltas, first_losses [N])`: deltas leaves `[N, ...]` (new - start) and
@@ -60,16 +67,30 @@ def local_updates(loss_fn, optimizer, params: PyTree, batch: PyTree,
     (q, _), losses = lax.scan(body, (p, optimizer.init(p)), b)
     return jax.tree.map(lambda a, b: a - b, q, p), losses[0]
 
+  def train(params, micro):
+    if clients_at_once is None:
+      return jax.vmap(one_client)(params, micro)
+    return lax.map(lambda a: one_client(*a), (params, micro),
+                   batch_size=None if clients_at_once == 1 else
+                   clients_at_once)
+
   micro = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), micro)  # [N, s, ...]
-  if clients_at_once is None:
-    return jax.vmap(one_client)(params, micro)
-  return lax.map(lambda a: one_client(*a), (params, micro),
-                 batch_size=None if clients_at_once == 1 else clients_at_once)
+  if mesh is None:
+    return train(params, micro)
+  n, devices = jax.tree.leaves(params)[0].shape[0], mesh.devices.size
+  if n % devices:
+    raise ValueError(f"{n} clients do not divide over the {devices} devices "
+                     "of `mesh`: pick a number of clients (a cohort size) "
+                     "that is a multiple of it.")
+  spec = PartitionSpec(mesh.axis_names[0])
+  return jax.shard_map(train, mesh=mesh, in_specs=spec, out_specs=spec)(
+      params, micro)
 
 
 def fedavg(loss_fn, optimizer: optax.GradientTransformation, *,
            local_steps: int = 1, attack=None, aggregator=None,
-           clients_at_once: Optional[int] = None) -> base.Algorithm:
+           clients_at_once: Optional[int] = None,
+           mesh: Optional[Mesh] = None) -> base.Algorithm:
   """FedAvg with gradient averaging (1 local step) or model averaging.
 
   Args:
@@ -86,6 +107,12 @@ def fedavg(loss_fn, optimizer: optax.GradientTransformation, *,
       (1) keeps each client's convolutions ungrouped and its working set in
       cache: pfl's CIFAR CNN trained faster that way (`benchmarks/README.md`,
       peers section).
+    mesh: with `local_steps > 1`, a one-dimensional mesh whose devices train
+      the clients in parallel (`local_updates`); None: one device. On a CPU
+      host, `XLA_FLAGS=--xla_force_host_platform_device_count=<cores>` and
+      `prfl.sharding.client_mesh()` train one client per core: XLA:CPU
+      spreads a small client's convolutions over the cores poorly
+      (`benchmarks/README.md`, peers section).
 
   Returns:
     `Algorithm(init, step)`.
@@ -100,6 +127,13 @@ def fedavg(loss_fn, optimizer: optax.GradientTransformation, *,
     if local_steps == 1:
       raise ValueError("`clients_at_once` applies to local training "
                        "(`local_steps` > 1); got local_steps=1.")
+  if mesh is not None:
+    if not isinstance(mesh, Mesh) or len(mesh.axis_names) != 1:
+      raise ValueError(f"`mesh` must be a one-dimensional jax.sharding.Mesh "
+                       f"(prfl.sharding.client_mesh()), got {mesh!r}.")
+    if local_steps == 1:
+      raise ValueError("`mesh` applies to local training (`local_steps` > "
+                       "1); got local_steps=1.")
   if aggregator is not None and not callable(aggregator):
     raise TypeError(f"`aggregator` must be a prfl_jax.aggregators rule or "
                     f"None, got {type(aggregator)}.")
@@ -119,7 +153,7 @@ def fedavg(loss_fn, optimizer: optax.GradientTransformation, *,
       losses, messages = gradients.client_grads(loss_fn, state.params, batch)
     else:
       messages, losses = local_updates(loss_fn, optimizer, state.params, batch,
-                                       local_steps, clients_at_once)
+                                       local_steps, clients_at_once, mesh)
     honest_norm = base.benign_mean(base.grad_norms(messages), state.byzantine)
     messages = base.attacked(attack, messages, state.byzantine, key)
     if aggregator is None:
