@@ -140,14 +140,33 @@ def profile(parts_, n: int, repeats: int) -> list:
           in compiled.items()]
 
 
-def main(argv=None) -> int:
-  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--model", choices=sorted(zoo.SPECS), default="cnn_small")
+def add_round_args(p: argparse.ArgumentParser, repeats: int,
+                   models=tuple(sorted(zoo.SPECS))):
+  """The arguments that pick the profiled round (also `profile_ops`)."""
+  p.add_argument("--model", choices=models, default="cnn_small")
   p.add_argument("--clients", type=common.positive_int, default=8)
   p.add_argument("--batch-size", type=common.positive_int, default=16)
   p.add_argument("--num-iters", type=common.positive_int, default=10)
-  p.add_argument("--repeats", type=common.positive_int, default=5)
+  p.add_argument("--repeats", type=common.positive_int, default=repeats)
   p.add_argument("--width-divisor", type=common.positive_int, default=1)
+
+
+def round_problem(p: argparse.ArgumentParser, args):
+  """`(spec, loss_fn, params, batch, radius)` of `add_round_args`' round;
+  prints the load average."""
+  if args.clients < 2:
+    p.error("--clients must be >= 2")
+  print(f"load average {os.getloadavg()}, {args.model}, N={args.clients}, "
+        f"batch {args.batch_size}", flush=True)
+  spec = zoo.SPECS[args.model].scaled(args.width_divisor)
+  params, batch = zoo.federation(spec, args.clients, args.batch_size, 0)
+  _, loss_fn = zoo.make_loss(spec)
+  return spec, loss_fn, params, batch, prfl.quantile_radius(0.2)
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  add_round_args(p, repeats=5)
   p.add_argument("--torch-threads", type=lambda t: tuple(
       int(v) for v in t.split(",")), default=(1,),
                  help="torch.set_num_threads per run of the PyTorch loop (0: "
@@ -155,14 +174,7 @@ def main(argv=None) -> int:
                  "10x slower)")
   p.add_argument("--no-torch", action="store_true")
   args = p.parse_args(argv)
-  if args.clients < 2:
-    p.error("--clients must be >= 2")
-  spec = zoo.SPECS[args.model].scaled(args.width_divisor)
-  params, batch = zoo.federation(spec, args.clients, args.batch_size, 0)
-  _, loss_fn = zoo.make_loss(spec)
-  radius = prfl.quantile_radius(0.2)
-  print(f"load average {os.getloadavg()}, {args.model}, N={args.clients}, "
-        f"batch {args.batch_size}", flush=True)
+  spec, loss_fn, params, batch, radius = round_problem(p, args)
   with jax.default_matmul_precision("highest"):
     rows = profile(parts(loss_fn, params, batch, radius, args.num_iters),
                    args.clients, args.repeats)

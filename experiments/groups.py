@@ -175,6 +175,10 @@ class Baselines:
   mc_freeze: Optional[int] = option(
       None, "Momentum-Clustering with mc_balls='assigned': no client "
       "changes centre from this round on (None: never frozen)", low=1)
+  mc_freeze_stable: Optional[int] = option(
+      None, "Momentum-Clustering with mc_balls='assigned': no client "
+      "changes centre once none has for this many consecutive rounds "
+      "(None: never)", low=1)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,7 +37,8 @@ from experiments import options
 from experiments import training
 from experiments.options import group, option
 
-FREEZE = "--freeze-after"  # Stands for the option's value.
+FREEZE = "--freeze-after"  # Stand for the options' values.
+STABLE = "--stable-rounds"
 # name -> momentum_clustering keyword arguments (beyond the paper: all but
 # "paper"; "default" is the library's default).
 VARIANTS = {
@@ -52,11 +53,15 @@ VARIANTS = {
     # From round --freeze-after on no client changes centre.
     "default_freeze": dict(freeze_after=FREEZE),
     "assigned_freeze": dict(sticky=False, freeze_after=FREEZE),
+    # No client changes centre once none has for --stable-rounds rounds.
+    "assigned_stable": dict(sticky=False, freeze_when_stable=STABLE),
+    "default_stable": dict(freeze_when_stable=STABLE),
 }
 BASELINES = ("myopic", "oracle")
 CURVES = ("num_active_clusters", "distinct_centers", "ari", "nmi", "purity",
           "byzantine_weight", "effective_count", "own_weight",
-          "center_dist_min", "carried_weight", "reseeded", "loss",
+          "center_dist_min", "carried_weight", "reseeded", "moved",
+          "frozen", "loss",
           "grad_norm", "error")
 
 
@@ -84,6 +89,9 @@ class Config:
   freeze_after: int = option(
       20, "the '_freeze' variants: no client changes centre from this round "
       "on", low=1)
+  stable_rounds: int = option(
+      5, "the '_stable' variants: no client changes centre once none has "
+      "for this many consecutive rounds", low=1)
 
 
 def resolve(cfg: Config) -> Config:
@@ -144,7 +152,8 @@ def build(name, cfg: Config, loss_fn, truth, lr, momentum):
         num_clusters=cfg.federation.clusters,
         radius=prfl.quantile_radius(cfg.clustering.quantile), method="gram",
         true_clusters=truth)
-  kw = {k: cfg.freeze_after if v == FREEZE else v
+  values = {FREEZE: cfg.freeze_after, STABLE: cfg.stable_rounds}
+  kw = {k: values.get(v, v) if isinstance(v, str) else v
         for k, v in VARIANTS[name].items()}
   q = (cfg.clustering.quantile if kw.get("balls") == "all" else
        cfg.assigned_quantile)

@@ -296,7 +296,7 @@ def _myopic(ctx, s):
 @register("mc", "Momentum-Clustering", reads=_CLUSTERING + (
     "clustering_method", "mc_alpha", "mc_lr_over_alpha", "mc_balls",
     "mc_quantile", "mc_sticky", "mc_warmup", "mc_reseed",
-    "mc_bias_correction", "mc_freeze"))
+    "mc_bias_correction", "mc_freeze", "mc_freeze_stable"))
 def _mc(ctx, s):
   """Momentum-Clustering's momentum is `m = alpha g + (1 - alpha) m` with
   alpha = 1 - momentum by default; with the step lr / alpha this is exactly
@@ -316,6 +316,7 @@ def _mc(ctx, s):
       sticky=s.mc_sticky and s.mc_balls == "assigned",
       warmup_rounds=s.mc_warmup, reseed=s.mc_reseed,
       bias_correction=s.mc_bias_correction, freeze_after=s.mc_freeze,
+      freeze_when_stable=s.mc_freeze_stable,
       true_clusters=ctx.clusters)
 
 

@@ -4,17 +4,26 @@ The experiments turn on JAX's persistent compilation cache under the user's
 home (`experiments.cli.enable_compile_cache`); the tests run them with that
 cache off, so that they write nothing outside their temporary directories.
 
-The suite itself compiles into a persistent cache per session: a fresh
-temporary directory (`$PRFL_JAX_TEST_CACHE` to keep one between runs) with
-one subdirectory per pytest-xdist worker (JAX's cache writes without a lock
-unless it evicts, so two workers never share a directory), removed at the
-end. Many tests compile the
-same programs (the reference plan of a parametrised comparison, the same
-round under several checks); a program compiled once is then read from disk,
-which measured 36% less CPU on test_ghost.py's plan comparisons. A hit returns
-the executable a compile would have built (the key is the program, its
-compile options and the backend), so results do not depend on which test ran
-first. Subprocesses (the multi-process and kill tests) do not use it.
+The suite itself compiles into one persistent cache per session: a fresh
+temporary directory (`$PRFL_JAX_TEST_CACHE` to keep one between runs),
+removed at the end, shared by every pytest-xdist worker and by every
+subprocess a test starts (the kill-and-resume, multi-process and sharding
+tests): the controlling process sets `JAX_COMPILATION_CACHE_DIR` before any
+of them starts. Many tests compile the same programs (the reference plan of a
+parametrised comparison, the same round under several checks, a killed
+subprocess's run and its uninterrupted twin), and a program compiled once
+is then read from disk: 36% less CPU on test_ghost.py's plan comparisons
+within one process. One directory for all, not one per worker: JAX puts the
+directory's path into every key (the XLA caches it enables live under it),
+so per-worker directories shared nothing across workers.
+
+A hit returns the executable a compile would have built (the key is the
+program, its compile options and the backend), so results do not depend on
+which test or worker ran first. JAX writes an entry without a lock (unless
+it evicts, which the suite never asks for); if a worker reads an entry that
+another is writing at that moment, it fails zlib's checksum (CI installs no
+zstandard), JAX warns and compiles the program itself: the race can cost a
+compile, never a number.
 """
 
 import os
@@ -29,9 +38,15 @@ import prfl_jax as prfl
 os.environ.setdefault("PRFL_JAX_COMPILE_CACHE", "off")
 
 _CACHE_ENV = "PRFL_JAX_TEST_CACHE"
-# Set by the controlling process, read by every xdist worker (they inherit the
-# environment when they start, after `pytest_configure` ran in the controller).
-_SESSION_ENV = "PRFL_JAX_TEST_SESSION_CACHE"
+# Read by JAX in every process that imports it after `pytest_configure` ran
+# in the controller: the xdist workers and the tests' subprocesses.
+_JAX_ENV = {
+    "JAX_COMPILATION_CACHE_DIR": None,
+    # Every program, however quick to compile: under load the compile times
+    # vary, and a threshold would make what is cached depend on the load.
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+}
 
 
 def pytest_configure(config):
@@ -42,12 +57,10 @@ def pytest_configure(config):
     else:
       path = tempfile.mkdtemp(prefix="prfl-jax-test-xla-")
       config.add_cleanup(lambda: shutil.rmtree(path, ignore_errors=True))
-    os.environ[_SESSION_ENV] = path
-  path = os.path.join(os.environ[_SESSION_ENV],
-                      os.environ.get("PYTEST_XDIST_WORKER", "main"))
-  jax.config.update("jax_compilation_cache_dir", path)
-  # Every program, however quick to compile: under load the compile times
-  # vary, and a threshold would make what is cached depend on the load.
+    os.environ.update({k: v or path for k, v in _JAX_ENV.items()})
+  # This process imported jax before the variables were set.
+  jax.config.update("jax_compilation_cache_dir",
+                    os.environ["JAX_COMPILATION_CACHE_DIR"])
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 

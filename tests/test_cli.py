@@ -192,6 +192,7 @@ def test_compile_cache_follows_the_environment(tmp_path, monkeypatch):
   there; `off` leaves it off (mutation seen to fail: ignoring the variable)."""
   import jax  # pylint: disable=import-outside-toplevel
   before = jax.config.jax_compilation_cache_dir
+  min_time = jax.config.jax_persistent_cache_min_compile_time_secs
   try:
     monkeypatch.setenv(cli.CACHE_ENV, "off")
     assert cli.enable_compile_cache() is None
@@ -201,8 +202,9 @@ def test_compile_cache_follows_the_environment(tmp_path, monkeypatch):
     assert cli.enable_compile_cache() == path
     assert jax.config.jax_compilation_cache_dir == path
     assert files.platform_info()["compile_cache"] == path
-  finally:
+  finally:  # The suite's cache (tests/conftest.py) for the next tests.
     jax.config.update("jax_compilation_cache_dir", before)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", min_time)
 
 
 def _with_run_group():

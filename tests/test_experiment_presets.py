@@ -116,6 +116,25 @@ COMMITTED = {
     "momentum_clustering/freeze_digits_table1": (
         "mnist", "digits", ["--algorithms", "mc", "--no-mc-sticky",
                             "--mc-freeze", "10"]),
+    "momentum_clustering/stable_synthetic": (
+        "momentum_variants", "freeze_synthetic",
+        ["--variants", "assigned,assigned_stable,default_stable"]),
+    "momentum_clustering/stable_digits_rotation": (
+        "momentum_variants", "freeze_digits",
+        ["--task", "rotation", "--variants", "assigned_stable,default_stable"]),
+    "momentum_clustering/stable_digits_private_label": (
+        "momentum_variants", "freeze_digits",
+        ["--task", "private_label", "--variants",
+         "assigned_stable,default_stable"]),
+    "momentum_clustering/stable_fashion_rotation": (
+        "momentum_variants", "freeze_fashion_rotation",
+        ["--variants", "assigned_stable"]),
+    "momentum_clustering/stable_digits_table1": (
+        "mnist", "digits", ["--algorithms", "mc", "--no-mc-sticky",
+                            "--mc-freeze-stable", "5"]),
+    "momentum_clustering/stable_warmup_digits_table1": (
+        "mnist", "digits", ["--algorithms", "mc", "--no-mc-sticky",
+                            "--mc-freeze-stable", "5", "--mc-warmup", "10"]),
 }
 # The names of the runs before the options layer, per experiment.
 _COMMON = {"num_clusters": "clusters", "num_rounds": "rounds",

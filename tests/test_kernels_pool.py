@@ -7,8 +7,10 @@ Mutations seen caught (each made once, then undone):
     fails too;
   * the interior padding `st - 1` of the transposed slice dropped: the strided
     cases fail;
-  * the tiling path interleaving as (tap, output) instead of (output, tap)
-    (`perm` pairs `(nd + d, d)`): the `flax_2x2` and `nchw` cases fail.
+  * the tiling path (`_tiled_bwd`) taking the last maximum (`jnp.max` of the
+    tied taps' indices): the `flax_2x2` and `nchw` cases fail;
+  * its tap index column-major over the window (`prod(window[:d])`): the
+    `nchw` case (a 2x3 window) fails.
 """
 
 import flax.linen as nn

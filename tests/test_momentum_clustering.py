@@ -203,8 +203,11 @@ def test_default_keeps_two_clusters_where_the_paper_collapses():
   who stay while inside it) keeps two distinct centres with clients, and
   ends nearer to the optima.
 
-  Seen to fail (the default collapsed too) when `members` was not passed to
-  the clustering.
+  Seen to fail (the default collapsed too) with the paper's balls as the
+  default (`balls="all"`); with `members` not passed to the clustering it
+  raises. The two seeds draw different data but train under one key, which
+  `train` compiles into its program: the second seed's runs read the
+  first's programs from the compile cache (2 compiles, not 4).
   """
   finals = {}
   for name, kw in (("paper", PAPER), ("default", {})):
@@ -216,7 +219,7 @@ def test_default_keeps_two_clusters_where_the_paper_collapses():
           radius=prfl.quantile_radius(0.8), true_clusters=clusters, **kw)
       err = lambda x, t: {"err": jnp.linalg.norm(x - t)}
       h = prfl.train(alg, jnp.zeros((16, 2)), fed, num_rounds=60,
-                     key=jax.random.key(seed + 1), batch_size=4,
+                     key=jax.random.key(1), batch_size=4,
                      eval_fn=err, eval_every=60, verbose=False).history
       out.append([h["train/num_active_clusters"][-1],
                   h["train/distinct_centers"][-1], h["eval/err"][-1]])
@@ -337,3 +340,36 @@ def test_freeze_after_needs_assigned_balls_and_a_seeded_round():
       prfl.algorithms.momentum_clustering(
           shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=1.0,
           **{"freeze_after": 3, **kw})
+
+
+def test_freeze_when_stable_waits_for_a_round_without_moves():
+  """`freeze_when_stable=1`, alpha 1, radius 1, lr 0.1. Round 0 seeds
+  centres at momenta 0 and -10. Round 1: client 1's optimum jumps to 10 and
+  it moves to the other centre (the seeding round does not count as still).
+  Round 2: nobody moves. Round 3 (frozen): client 0's optimum jumps to 10
+  too, and it stays with its centre.
+
+  Seen to fail when the freeze was dropped (client 0 moves in round 3) and
+  when the seeding round's assignment was counted as moves.
+  """
+  moved_1 = jnp.array([[0.0], [10.0], [10.0], [10.0]])[:, None]
+  data = [C[:, None], moved_1, moved_1, jnp.full((4, 1, 1), 10.0)]
+  alg = prfl.algorithms.momentum_clustering(
+      shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=1.0,
+      num_iters=1, alpha=1.0, sticky=False, freeze_when_stable=1)
+  state, step = alg.init(jnp.zeros((4, 1))), jax.jit(alg.step)
+  assignments, moved, frozen = [], [], []
+  for t in range(4):
+    state, metrics = step(state, data[t], jax.random.key(t))
+    assignments.append(np.asarray(state.assignment))
+    moved.append(float(metrics["moved"]))
+    frozen.append(float(metrics["frozen"]))
+  a0 = assignments[0]
+  assert a0[0] == a0[1] != a0[2] == a0[3]
+  for a in assignments[1:]:
+    np.testing.assert_array_equal(a, [a0[0], a0[2], a0[2], a0[2]])
+  assert moved == [0.0, 1.0, 0.0, 0.0] and frozen == [0.0, 0.0, 0.0, 1.0]
+  with pytest.raises(ValueError, match="freeze_when_stable"):
+    prfl.algorithms.momentum_clustering(
+        shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=1.0,
+        balls="all", freeze_when_stable=2)

@@ -14,7 +14,9 @@ where `first_k` marks, for every output, the first tap (in row-major order of
 the window) holding the maximum, which is the tap `select_and_scatter_add`
 with `select_prim=ge` picks (ties included; where windows overlap, the sum
 over taps may differ from XLA's in the last bit), and `pad_k` is the
-transpose of the k-th strided slice. The ghost kernel's interpreter
+transpose of the k-th strided slice. Where the windows tile the input (2x2
+pools of stride 2 on even maps), the same taps are found in `x`'s own layout
+instead (`_tiled_bwd`). The ghost kernel's interpreter
 (`kernels.interpret.evaluate`) runs it in place of the `reduce_window_max`
 equations that `matches` accepts (`rules.register_replacement`).
 
@@ -25,6 +27,7 @@ values are all NaN routes no gradient (the engine masks non-finite clients).
 """
 
 import functools
+import math
 from typing import Any, Mapping
 
 import jax
@@ -114,37 +117,55 @@ def tiles(params: Mapping[str, Any], shape) -> bool:
                                     params["padding"], shape))
 
 
-def _max_pool_bwd(frozen, res, dy):
-  """Routes `dy` to the first maximum of each window (see module docstring).
+def _tiled_bwd(params, x, y, dy):
+  """`_max_pool_bwd` where the windows tile the input, in `x`'s own layout.
 
-  Where the windows tile the input, the taps' parts are interleaved into
-  `dx` by one transpose instead of summed as padded copies (4x fewer writes
-  of `dx` for a 2x2 pool).
+  `x` viewed as `[o_0, w_0, o_1, w_1, ...]` (a reshape, no copy) holds every
+  window's taps in place; the first maximum of a window is the least tap
+  index (row-major over the window) among those equal to its maximum, one
+  reduction over the window axes, and `dx` is one select in that view. The
+  taps' slices stacked and transposed into `dx` (the general path's parts)
+  cost 3-4x more: in the small CNN's round (`benchmarks/profile_cnn.py`,
+  2x2 pools of 28x28x16 and 14x14x32 maps) that fusion recomputed every
+  tap's slice for every output and was the round's largest single op.
   """
+  window = tuple(params["window_dimensions"])
+  nd = len(window)
+  pairs = tuple(v for o, w in zip(y.shape, window) for v in (o, w))
+  singles = tuple(v for o in y.shape for v in (o, 1))
+  tap = np.zeros((1,) * 2 * nd, np.int32)
+  for d in range(nd):  # Row-major tap index over the window.
+    shape = [1] * 2 * nd
+    shape[2 * d + 1] = window[d]
+    tap = tap + (np.arange(window[d]) * math.prod(window[d + 1:])).reshape(
+        shape)
+  is_max = x.reshape(pairs) == y.reshape(singles)
+  first = jnp.min(jnp.where(is_max, tap, math.prod(window)),
+                  axis=tuple(range(1, 2 * nd, 2)), keepdims=True)
+  dx = jnp.where(tap == first, dy.reshape(singles), jnp.zeros((), dy.dtype))
+  return dx.reshape(x.shape)
+
+
+def _max_pool_bwd(frozen, res, dy):
+  """Routes `dy` to the first maximum of each window (see module docstring);
+  where the windows tile the input, by `_tiled_bwd`."""
   params = dict(frozen)
   x, y = res
+  if tiles(params, x.shape):
+    return (_tiled_bwd(params, x, y, dy),)
   xp, _, slices = _slices(x, params)
   _, taps = _taps(params, x.shape)
   strides = params["window_strides"]
   zero = jnp.zeros((), dy.dtype)
   taken = jnp.zeros(y.shape, bool)
-  parts = []
-  for s in slices:
+  dxp = jnp.zeros(xp.shape, dy.dtype)
+  for s, (start, _) in zip(slices, taps):
     first = (s == y) & ~taken
     taken = taken | first
-    parts.append(jnp.where(first, dy, zero))
-  if tiles(params, x.shape):
-    window = tuple(params["window_dimensions"])
-    stacked = jnp.stack(parts, axis=-1).reshape(y.shape + window)
-    nd = y.ndim  # [o_0, ..., k_0, ...] -> [o_0, k_0, o_1, k_1, ...]
-    perm = [i for d in range(nd) for i in (d, nd + d)]
-    return (jnp.transpose(stacked, perm).reshape(x.shape),)
-  dxp = jnp.zeros(xp.shape, dy.dtype)
-  for part, (start, _) in zip(parts, taps):
     # The transpose of lax.slice(xp, start, limit, strides).
     config = [(lo, n - lo - ((t - 1) * st + 1) if t else n - lo, st - 1)
               for lo, t, n, st in zip(start, y.shape, xp.shape, strides)]
-    dxp = dxp + lax.pad(part, zero, config)
+    dxp = dxp + lax.pad(jnp.where(first, dy, zero), zero, config)
   crop = tuple(slice(lo, lo + n)
                for (lo, _), n in zip(params["padding"], x.shape))
   return (dxp[crop],)
