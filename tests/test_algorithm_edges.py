@@ -12,6 +12,7 @@ from prfl_jax.algorithms import cluster_models
 from prfl_jax.algorithms.ditto import ditto
 from prfl_jax.algorithms.ifca import ifca
 from prfl_jax.algorithms.knn_per import knn_per_evaluate
+from prfl_jax.algorithms.momentum_clustering import dead_centers
 from prfl_jax.algorithms.myopic_clustering import myopic_clustering
 from tests.test_momentum_clustering import C
 from tests.test_momentum_clustering import PAPER
@@ -32,6 +33,20 @@ def test_cosine_similarity_of_short_vectors():
   np.testing.assert_allclose(
       cluster_models.cosine_similarity(points),
       [[1, 0, r, 0], [0, 1, r, 0], [r, r, 1, 0], [0, 0, 0, 0]], atol=1e-6)
+
+
+def test_dead_centres_coincide_within_rtol_of_the_larger_norm():
+  """Centres at (100, 0) and (100.05, 0) are 0.05 apart, within rtol = 1e-3
+  of their norm (0.1): the higher one is dead; (0, 50) and (0, 50.1) are
+  0.1 apart, beyond 0.05: both live; a centre with no client is dead.
+  Seen to fail with the tolerance divided by the norm (`rtol / max`, 1e-5
+  here), which no Momentum-Clustering run in the tests separated from
+  `rtol * max`: session 5's sample, algorithms #292; and with `any` ->
+  `all` over the lower triangle (#299: no centre then ever coincides)."""
+  centres = {"w": jnp.array([[100.0, 0.0], [100.05, 0.0], [0.0, 50.0],
+                             [0.0, 50.1], [7.0, 7.0]])}
+  dead = dead_centers(centres, jnp.array([0, 1, 2, 3, 3]))
+  np.testing.assert_array_equal(dead, [False, True, False, False, True])
 
 
 def test_momentum_clustering_momentum_weights_alpha_and_one_minus_alpha():

@@ -1,6 +1,7 @@
 """Edges of the attacks that every test passed through when changed: ALIE's
 default z for an odd N (issue 21's mutation audit), Fang-Krum's scale, and
-Min-Max's unit and sign directions (the mutation presets' sample)."""
+Min-Max's unit and sign directions, threshold_objective's one radius (the
+mutation presets' samples)."""
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +11,19 @@ from scipy import stats
 
 import prfl_jax as prfl
 from tests import test_attacks_optimised as opt_tests
+
+
+def test_threshold_objective_takes_one_radius_for_every_start():
+  """Threshold-Clustering is started at every client (their number is
+  known only at the call), so the objective takes one radius (a number or
+  a rule): an array of two radii is refused when the objective is built,
+  before anything is traced, naming `radius`. Seen to fail when the check
+  expects two centres (`check_radius(radius, 2)`: the pair then passes):
+  session 5's sample, attacks #217."""
+  with pytest.raises(ValueError, match="`radius` must be a scalar"):
+    prfl.attacks.threshold_objective(jnp.array([0.5, 1.0]), 3)
+  prfl.attacks.threshold_objective(0.5, 3)
+  prfl.attacks.threshold_objective(prfl.quantile_radius(0.3), 3)
 
 
 def test_alie_default_z_floors_half_n_plus_one_for_odd_n():
@@ -102,15 +116,3 @@ def test_fang_trimmed_mean_draws_beyond_each_benign_extreme():
   assert np.all(hi - lo > 0.9 * (end - start))
   np.testing.assert_array_equal(out[:3], benign)
 
-
-def test_threshold_objective_takes_one_radius_for_every_start():
-  """Threshold-Clustering is started at every client (their number is
-  known only at the call), so the objective takes one radius (a number or
-  a rule): an array of two radii is refused when the objective is built,
-  before anything is traced, naming `radius`. Seen to fail when the check
-  expects two centres (`check_radius(radius, 2)`: the pair then passes):
-  session 5's sample, attacks #217."""
-  with pytest.raises(ValueError, match="`radius` must be a scalar"):
-    prfl.attacks.threshold_objective(jnp.array([0.5, 1.0]), 3)
-  prfl.attacks.threshold_objective(0.5, 3)
-  prfl.attacks.threshold_objective(prfl.quantile_radius(0.3), 3)

@@ -1,8 +1,8 @@
 """Checkpoints on the paths a crash or a careless resume takes.
 
 The run record (what a resume must repeat), renamed step directories,
-half-written steps left by a killed save, a full disk, and a resume that
-rewrites a corrupt newest round. "Failed before the fix" means the test was
+half-written steps left by a killed save, a full disk (and only a full
+disk), and a resume that rewrites a corrupt newest round. "Failed before the fix" means the test was
 run once on the code before the fix and failed there.
 """
 

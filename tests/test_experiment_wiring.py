@@ -90,3 +90,17 @@ def test_ordering_checks_without_the_oracle_leave_its_checks_out():
           {"algorithm": "local", "accuracy": 0.7}]
   assert report.ordering_checks({"rotation": runs}) == {
       "rotation": {"fc_gt_local": True}}
+
+
+def test_default_eval_schedule_is_a_whole_number_of_rounds():
+  """No `eval_every`: about 20 evaluations per run, a whole number of rounds
+  (50 rounds: every 2; 10 rounds: every round; 3 rounds: every round), and
+  an `eval_every` set wins (capped at the run). Seen to fail when the
+  default divides without flooring (`rounds / 20`: 2.5 rounds): session 5's
+  sample, experiments #74."""
+  every = lambda **kw: training.eval_every(registry.Settings(**kw))
+  for rounds, expected in ((50, 2), (10, 1), (3, 1), (400, 20)):
+    got = every(rounds=rounds, eval_every=None)
+    assert got == expected and isinstance(got, int), (rounds, got)
+  assert every(rounds=50, eval_every=7) == 7
+  assert every(rounds=5, eval_every=7) == 5
