@@ -140,9 +140,10 @@ def profile(parts_, n: int, repeats: int) -> list:
           in compiled.items()]
 
 
-def add_round_args(p: argparse.ArgumentParser, repeats: int):
+def add_round_args(p: argparse.ArgumentParser, repeats: int,
+                   models=tuple(sorted(zoo.SPECS))):
   """The arguments that pick the profiled round (also `profile_ops`)."""
-  p.add_argument("--model", choices=sorted(zoo.SPECS), default="cnn_small")
+  p.add_argument("--model", choices=models, default="cnn_small")
   p.add_argument("--clients", type=common.positive_int, default=8)
   p.add_argument("--batch-size", type=common.positive_int, default=16)
   p.add_argument("--num-iters", type=common.positive_int, default=10)
@@ -155,11 +156,11 @@ def round_problem(p: argparse.ArgumentParser, args):
   prints the load average."""
   if args.clients < 2:
     p.error("--clients must be >= 2")
+  print(f"load average {os.getloadavg()}, {args.model}, N={args.clients}, "
+        f"batch {args.batch_size}", flush=True)
   spec = zoo.SPECS[args.model].scaled(args.width_divisor)
   params, batch = zoo.federation(spec, args.clients, args.batch_size, 0)
   _, loss_fn = zoo.make_loss(spec)
-  print(f"load average {os.getloadavg()}, {args.model}, N={args.clients}, "
-        f"batch {args.batch_size}", flush=True)
   return spec, loss_fn, params, batch, prfl.quantile_radius(0.2)
 
 

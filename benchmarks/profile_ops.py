@@ -11,6 +11,8 @@ their span. Each op is shown with the JAX operation it came from (its
 input gradient), so a costly fusion can be traced back to the code.
 
   python -m benchmarks.profile_ops --model cnn_small --clients 16
+  python -m benchmarks.profile_ops --model user_mlp --clients 32 \
+      --batch-size 32
 """
 
 import argparse
@@ -22,10 +24,15 @@ import tempfile
 
 import jax
 
+import prfl_jax as prfl
 from prfl_jax import kernels
 from benchmarks import common
 from benchmarks import profile_cnn
+from benchmarks import zoo
 
+# The MNIST MLP 784-200-10 with each of `bench_round`'s losses
+# (`zoo.LOSSES`), e.g. `user_mlp`: plain-JAX dict params, as users write it.
+MLPS = tuple(f"{loss}_mlp" for loss in zoo.LOSSES)
 # Control flow: its events span the ops inside it.
 _CONTROL = ("while", "call", "conditional")
 
@@ -69,10 +76,21 @@ def op_times(compiled, args, repeats: int, ops) -> collections.Counter:
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  profile_cnn.add_round_args(p, repeats=3)
+  profile_cnn.add_round_args(p, repeats=3,
+                             models=tuple(sorted(zoo.SPECS)) + MLPS)
   p.add_argument("--top", type=common.positive_int, default=20)
   args = p.parse_args(argv)
-  _, loss_fn, params, batch, radius = profile_cnn.round_problem(p, args)
+  if args.model in MLPS:
+    if args.clients < 2:
+      p.error("--clients must be >= 2")
+    print(f"load average {os.getloadavg()}, {args.model}, N={args.clients}, "
+          f"batch {args.batch_size} (--width-divisor not used)", flush=True)
+    loss_fn, layout, _ = zoo.LOSSES[args.model[:-len("_mlp")]]
+    params, batch = common.mnist_like_federation(args.clients,
+                                                 args.batch_size)
+    params, radius = layout(params), prfl.quantile_radius(0.2)
+  else:
+    _, loss_fn, params, batch, radius = profile_cnn.round_problem(p, args)
   with jax.default_matmul_precision("highest"):
     compiled = jax.jit(lambda x, b: kernels.cluster_at_models(
         loss_fn, x, b, radius=radius, num_iters=args.num_iters).centers

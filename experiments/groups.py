@@ -168,6 +168,9 @@ class Baselines:
   mc_warmup: int = option(
       0, "Momentum-Clustering: rounds of own-momentum steps before the "
       "centres are seeded", low=0)
+  mc_seed_average: bool = option(
+      False, "Momentum-Clustering: at seeding, clients take their centre's "
+      "mean model")
   mc_reseed: bool = option(
       False, "Momentum-Clustering: move empty or coinciding centres")
   mc_bias_correction: bool = option(

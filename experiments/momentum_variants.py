@@ -56,6 +56,10 @@ VARIANTS = {
     # No client changes centre once none has for --stable-rounds rounds.
     "assigned_stable": dict(sticky=False, freeze_when_stable=STABLE),
     "default_stable": dict(freeze_when_stable=STABLE),
+    # ... after 10 rounds of own steps, the clients of a centre then taking
+    # its mean model.
+    "assigned_stable_warm": dict(sticky=False, freeze_when_stable=STABLE,
+                                 warmup_rounds=10, seed_average=True),
 }
 BASELINES = ("myopic", "oracle")
 CURVES = ("num_active_clusters", "distinct_centers", "ari", "nmi", "purity",

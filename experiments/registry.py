@@ -295,7 +295,8 @@ def _myopic(ctx, s):
 
 @register("mc", "Momentum-Clustering", reads=_CLUSTERING + (
     "clustering_method", "mc_alpha", "mc_lr_over_alpha", "mc_balls",
-    "mc_quantile", "mc_sticky", "mc_warmup", "mc_reseed",
+    "mc_quantile", "mc_sticky", "mc_warmup", "mc_seed_average",
+    "mc_reseed",
     "mc_bias_correction", "mc_freeze", "mc_freeze_stable"))
 def _mc(ctx, s):
   """Momentum-Clustering's momentum is `m = alpha g + (1 - alpha) m` with
@@ -314,7 +315,8 @@ def _mc(ctx, s):
       radius=prfl.quantile_radius(q), num_iters=s.num_iters, alpha=alpha,
       attack=ctx.attack, method=s.clustering_method, balls=s.mc_balls,
       sticky=s.mc_sticky and s.mc_balls == "assigned",
-      warmup_rounds=s.mc_warmup, reseed=s.mc_reseed,
+      warmup_rounds=s.mc_warmup, seed_average=s.mc_seed_average,
+      reseed=s.mc_reseed,
       bias_correction=s.mc_bias_correction, freeze_after=s.mc_freeze,
       freeze_when_stable=s.mc_freeze_stable,
       true_clusters=ctx.clusters)

@@ -21,9 +21,13 @@ def test_op_sources_reads_names_shapes_and_origins():
 
 @pytest.mark.slow
 def test_tiny_round_lists_its_ops(capsys):
-  """`slow` (a compile of the CNN round, ~15 CPU-seconds; not in CI)."""
+  """`slow` (compiles of a CNN and an MLP round, ~20 CPU-seconds; not in
+  CI)."""
   assert profile_ops.main(["--clients", "2", "--batch-size", "2",
                            "--width-divisor", "16", "--repeats", "1",
                            "--top", "5"]) == 0
   out = capsys.readouterr().out
   assert "concatenate" in out and "all ops" in out
+  assert profile_ops.main(["--model", "user_mlp", "--clients", "2",
+                           "--batch-size", "2", "--repeats", "1"]) == 0
+  assert "dot_general" in capsys.readouterr().out

@@ -132,6 +132,22 @@ COMMITTED = {
     "momentum_clustering/stable_digits_table1": (
         "mnist", "digits", ["--algorithms", "mc", "--no-mc-sticky",
                             "--mc-freeze-stable", "5"]),
+    "momentum_clustering/stable_warm_synthetic": (
+        "momentum_variants", "freeze_synthetic",
+        ["--variants", "assigned_stable_warm"]),
+    "momentum_clustering/stable_warm_digits_rotation": (
+        "momentum_variants", "freeze_digits",
+        ["--task", "rotation", "--variants", "assigned_stable_warm"]),
+    "momentum_clustering/stable_warm_digits_private_label": (
+        "momentum_variants", "freeze_digits",
+        ["--task", "private_label", "--variants", "assigned_stable_warm"]),
+    "momentum_clustering/stable_warm_fashion_rotation": (
+        "momentum_variants", "freeze_fashion_rotation",
+        ["--variants", "assigned_stable_warm"]),
+    "momentum_clustering/stable_warm_avg_digits_table1": (
+        "mnist", "digits", ["--algorithms", "mc", "--no-mc-sticky",
+                            "--mc-freeze-stable", "5", "--mc-warmup", "10",
+                            "--mc-seed-average"]),
     "momentum_clustering/stable_warmup_digits_table1": (
         "mnist", "digits", ["--algorithms", "mc", "--no-mc-sticky",
                             "--mc-freeze-stable", "5", "--mc-warmup", "10"]),

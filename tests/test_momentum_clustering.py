@@ -373,3 +373,22 @@ def test_freeze_when_stable_waits_for_a_round_without_moves():
     prfl.algorithms.momentum_clustering(
         shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=1.0,
         balls="all", freeze_when_stable=2)
+
+
+def test_seed_average_gives_every_client_its_centres_mean_model():
+  """One warm-up round, then seeding with `seed_average`; alpha 1, radius 5,
+  lr 0.1, optima 0, 2, 10, 12. Own steps: x = 0, 0.2, 1, 1.2. Seeding:
+  momenta 0, -1.8, -9, -10.8, centres -0.9 and -9.9; the models become
+  their centre's means 0.1 and 1.1 and step: 0.19 and 2.09.
+
+  Seen to fail without the averaging (x = 0.09, 0.29, 1.99, 2.19).
+  """
+  optima = jnp.array([[0.0], [2.0], [10.0], [12.0]])[:, None]
+  alg = prfl.algorithms.momentum_clustering(
+      shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=5.0,
+      num_iters=1, alpha=1.0, warmup_rounds=1, seed_average=True)
+  state, step = alg.init(jnp.zeros((4, 1))), jax.jit(alg.step)
+  for t in range(2):
+    state, _ = step(state, optima, jax.random.key(t))
+  np.testing.assert_allclose(state.params[:, 0], [0.19, 0.19, 2.09, 2.09],
+                             atol=1e-5)
