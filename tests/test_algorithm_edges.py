@@ -47,6 +47,11 @@ def test_dead_centres_coincide_within_rtol_of_the_larger_norm():
                              [0.0, 50.1], [7.0, 7.0]])}
   dead = dead_centers(centres, jnp.array([0, 1, 2, 3, 3]))
   np.testing.assert_array_equal(dead, [False, True, False, False, True])
+  # The larger norm: (10, 0) and (6, 0) are 4 apart, within 0.5 x 10 but
+  # not 0.5 x 6 (#293: `minimum` of the norms).
+  far = dead_centers({"w": jnp.array([[10.0, 0.0], [6.0, 0.0]])},
+                     jnp.array([0, 1]), rtol=0.5)
+  np.testing.assert_array_equal(far, [False, True])
 
 
 def test_momentum_clustering_momentum_weights_alpha_and_one_minus_alpha():

@@ -1,7 +1,7 @@
 """Edges of the attacks that every test passed through when changed: ALIE's
 default z for an odd N (issue 21's mutation audit), Fang-Krum's scale, and
-Min-Max's unit and sign directions, threshold_objective's one radius (the
-mutation presets' samples)."""
+Min-Max's unit and sign directions, threshold_objective's one radius,
+`concentrated`'s share (the mutation presets' samples)."""
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +24,27 @@ def test_threshold_objective_takes_one_radius_for_every_start():
     prfl.attacks.threshold_objective(jnp.array([0.5, 1.0]), 3)
   prfl.attacks.threshold_objective(0.5, 3)
   prfl.attacks.threshold_objective(prfl.quantile_radius(0.3), 3)
+
+
+@pytest.mark.parametrize("target_norm, attacked", [(2.0, True), (4.5, False)])
+def test_concentrated_counts_the_share_of_benign_clients(target_norm,
+                                                         attacked):
+  """Four benign clients, the target (the first) and norms 1, 4 and 5:
+  with norm 2 the target is second smallest (rank 1 < 0.5 x 4 benign), so
+  the Byzantine row is the attack's; with norm 4.5 (rank 2, not < 2) it is
+  NaN. Seen to fail when the share multiplies the benign clients' mean
+  instead of their count (`jnp.mean(benign)`: 0.8, so rank 1 no longer
+  counts): session 5's sample, attacks #64."""
+  messages = jnp.array([[target_norm], [1.0], [4.0], [5.0], [0.5]])
+  byzantine = jnp.array([False, False, False, False, True])
+  inner = lambda m, b, k: jnp.where(b[:, None], 100.0, m)
+  out = prfl.attacks.concentrated(inner, share=0.5)(messages, byzantine,
+                                                    jax.random.key(0))
+  np.testing.assert_array_equal(out[:4], messages[:4])
+  if attacked:
+    np.testing.assert_array_equal(out[4], [100.0])
+  else:
+    assert np.isnan(out[4, 0])
 
 
 def test_alie_default_z_floors_half_n_plus_one_for_odd_n():

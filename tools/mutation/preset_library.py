@@ -43,7 +43,7 @@ _ATT_EDGES = (("tests/test_attack_edges.py",),)
 ATTACKS = [
     Lines((_ATT + "base.py",), ("*",), _ATT_TESTS),
     Lines((_ATT + "simple.py",), ("*",), _ATT_EDGES + _ATT_TESTS),
-    Lines((_ATT + "adaptive.py",), ("*",), _ATT_TESTS[::-1]),
+    Lines((_ATT + "adaptive.py",), ("*",), _ATT_EDGES + _ATT_TESTS[::-1]),
     Lines((_ATT + "edge.py",), ("*",), _ATT_TESTS),
     Lines((_ATT + "fang.py",), ("*",), _ATT_EDGES + _ATT_TESTS[::-1]),
     Lines((_ATT + "optimised.py",), ("*",), _ATT_EDGES + _ATT_TESTS[::-1]),
