@@ -32,6 +32,7 @@ import time
 import numpy as np
 
 from benchmarks import common
+from experiments import files as experiments_files
 
 _CHILD = r"""
 import json, sys, time
@@ -148,16 +149,11 @@ def main():
              [("fc", n, args.fc_rounds, args.fc_chunk, args.state_dir or "ram")
               for n in parse(args.fc)])
   rows = []
-
-  def save():  # After every row, so that a run cut short keeps its rows.
-    result = {"machine": platform.processor() or platform.machine(),
-              "cpus": os.cpu_count(), "devices": _devices(),
-              "date": time.strftime("%Y-%m-%d %H:%M"),
-              "command": " ".join(sys.argv), "rows": rows}
-    with open(args.out + ".tmp", "w") as f:
-      json.dump(result, f, indent=1)
-    os.replace(args.out + ".tmp", args.out)
-
+  # Asked once, of a child: this process leaves the accelerator to the runs.
+  header = {"machine": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(), "devices": _devices(),
+            "date": time.strftime("%Y-%m-%d %H:%M"),
+            "command": " ".join(sys.argv)}
   for alg, n, rounds, chunk, state in configs:
     data_dir = tempfile.mkdtemp(prefix=f"prfl_cohort_{n}_", dir=args.data_dir)
     if state not in ("device", "ram"):  # A fresh directory for the state.
@@ -172,7 +168,8 @@ def main():
         row["client_state_gib"] = 2 * n * common.NUM_PARAMS * 4 / 2**30
       rows.append(row)
       print(json.dumps(row), flush=True)
-      save()
+      # After every row (atomically), so that a run cut short keeps its rows.
+      experiments_files.write_json(args.out, dict(header, rows=rows))
     finally:
       shutil.rmtree(data_dir, ignore_errors=True)
 
