@@ -319,11 +319,12 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
     still = jnp.where(clustered & (changed == 0), state.still + 1, 0)
     directions = jax.tree.map(lambda d: d * scale.astype(d.dtype), directions)
     params = state.params
-    if seed_average:  # One upload of the models, at seeding.
-      means, _ = cluster_models.segment_mean(params, assignment, k)
-      params = jax.tree.map(
-          lambda a, p: jnp.where(state.round == warmup_rounds, a, p),
-          tree_lib.take(means, assignment), params)
+    if seed_average:  # One upload of the models, at seeding (only then).
+      params = lax.cond(
+          state.round == warmup_rounds,
+          lambda p: tree_lib.take(
+              cluster_models.segment_mean(p, assignment, k)[0], assignment),
+          lambda p: p, params)
     params, opt_state = base.apply_updates(optimizer, directions,
                                            state.opt_state, params)
     metrics = {
