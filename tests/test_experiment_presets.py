@@ -47,7 +47,12 @@ COMMITTED = {
     "mnist/fashion_rotation_fc_groups4_300": (
         "mnist", "paper", ["--tasks", "rotation", "--algorithms", "fc",
                            "--groups", "4"]),
+    "mnist/fashion_rotation_diagnostics_baselines": (
+        "mnist", "paper", ["--tasks", "rotation", "--rounds", "30",
+                           "--eval-every", "10", "--algorithms",
+                           "myopic,mc,ifca,hypcluster,cfl"]),
     "byzantine/digits_grid": ("byzantine", "digits_grid", []),
+    "byzantine/digits_fc_groups": ("byzantine", "fc_groups", []),
     "byzantine/digits_figure6": ("byzantine", "digits_figure6", []),
     "byzantine/digits_figure6_q010": ("byzantine", "digits_figure6_q010", []),
     "byzantine/digits_fc_defences/fc_ball_cap": (
