@@ -42,3 +42,16 @@ def test_mean_shift_cluster_keeps_the_larger_group_only():
                  [0.1, 0.1, 0.0], [5.0, 5.0, 5.0], [5.1, 5.0, 5.0]])
   got = signs.largest_mean_shift_cluster(x, jnp.ones(6, bool), 0.5, 10)
   np.testing.assert_array_equal(got, [True] * 4 + [False] * 2)
+
+
+def test_smea_weights_matter_only_up_to_scale():
+  """Four rows near 10 and one at 7, N = 5, f = 1: SMEA keeps the four,
+  whatever the weights' scale (here 0.1 each: every subset's total is 0.4,
+  below 1). Seen to fail when the share's normaliser is floored at 1 for
+  totals up to 1 (`total > 0` -> `total > 1` in `_top_eigenvalue`: the
+  covariance is taken about 0.4 of the mean, and the subset with the row at
+  7 wins)."""
+  x = jnp.array([[10.0], [10.1], [9.9], [10.05], [7.0]])
+  for scale in (1.0, 0.1):
+    got = aggregators.smea(1)(x, jnp.full(5, scale))
+    np.testing.assert_allclose(got, [10.0125], rtol=1e-6)
