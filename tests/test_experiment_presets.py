@@ -55,7 +55,7 @@ COMMITTED = {
     "mnist/fashion_rotation_diagnostics_baselines": (
         "mnist", "paper", ["--tasks", "rotation", "--rounds", "30",
                            "--eval-every", "10", "--algorithms",
-                           "myopic,mc,ifca,hypcluster,cfl"]),
+                           "myopic,mc,ifca,hypcluster,cfl"] + _MC_STICKY),
     "byzantine/digits_grid": ("byzantine", "digits_grid", []),
     "byzantine/digits_fc_groups": ("byzantine", "fc_groups", []),
     "byzantine/digits_figure6": ("byzantine", "digits_figure6", []),
