@@ -156,20 +156,21 @@ class Baselines:
       "when a client is alone in its cluster (else lr)")
   mc_balls: str = option(
       "assigned", "Momentum-Clustering's balls: 'assigned' (each centre "
-      "over its own clients) or 'all' (Algorithm 2 as written)",
+      "over its own clients) or 'all' (Algorithm 2 as written; Algorithm 3 "
+      "as written: --mc-balls all --mc-warmup 0 --no-mc-seed-average)",
       choices=("assigned", "all"))
   mc_quantile: Optional[float] = option(
       None, "Momentum-Clustering's radius quantile (auto: 0.95 with "
       "mc_balls='assigned', over each centre's own clients; else quantile)",
       low=0, high=1, low_open=True)
   mc_sticky: bool = option(
-      True, "Momentum-Clustering with mc_balls='assigned': clients stay "
+      False, "Momentum-Clustering with mc_balls='assigned': clients stay "
       "with their centre while inside its ball")
   mc_warmup: int = option(
-      0, "Momentum-Clustering: rounds of own-momentum steps before the "
+      10, "Momentum-Clustering: rounds of own-momentum steps before the "
       "centres are seeded", low=0)
   mc_seed_average: bool = option(
-      False, "Momentum-Clustering: at seeding, clients take their centre's "
+      True, "Momentum-Clustering: at seeding, clients take their centre's "
       "mean model")
   mc_reseed: bool = option(
       False, "Momentum-Clustering: move empty or coinciding centres")
@@ -179,9 +180,9 @@ class Baselines:
       None, "Momentum-Clustering with mc_balls='assigned': no client "
       "changes centre from this round on (None: never frozen)", low=1)
   mc_freeze_stable: Optional[int] = option(
-      None, "Momentum-Clustering with mc_balls='assigned': no client "
+      5, "Momentum-Clustering with mc_balls='assigned': no client "
       "changes centre once none has for this many consecutive rounds "
-      "(None: never)", low=1)
+      "(auto: never)", low=1)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -304,7 +304,10 @@ def _mc(ctx, s):
   heavy-ball SGD (lr, momentum) when every client is alone in its cluster, so
   it gets the same step size as the others. With `mc_balls="assigned"` the
   radius quantile is over each centre's own clients, hence 0.95 by default
-  (`experiments/results/momentum_clustering/`)."""
+  (`experiments/results/momentum_clustering/`); stickiness and the stable
+  freeze apply to assigned balls only, so `mc_balls="all"` with `mc_warmup=0`,
+  `mc_seed_average=False` is Algorithm 3 as written."""
+  assigned = s.mc_balls == "assigned"
   alpha = 1.0 - s.momentum if s.mc_alpha is None else s.mc_alpha
   q = s.mc_quantile
   if q is None:
@@ -314,11 +317,12 @@ def _mc(ctx, s):
       ctx.loss_fn, optax.sgd(lr), num_clusters=ctx.num_clusters,
       radius=prfl.quantile_radius(q), num_iters=s.num_iters, alpha=alpha,
       attack=ctx.attack, method=s.clustering_method, balls=s.mc_balls,
-      sticky=s.mc_sticky and s.mc_balls == "assigned",
+      sticky=s.mc_sticky and assigned,
       warmup_rounds=s.mc_warmup, seed_average=s.mc_seed_average,
       reseed=s.mc_reseed,
-      bias_correction=s.mc_bias_correction, freeze_after=s.mc_freeze,
-      freeze_when_stable=s.mc_freeze_stable,
+      bias_correction=s.mc_bias_correction,
+      freeze_after=s.mc_freeze,
+      freeze_when_stable=s.mc_freeze_stable if assigned else None,
       true_clusters=ctx.clusters)
 
 

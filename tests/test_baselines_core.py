@@ -79,8 +79,9 @@ def _algorithm(name, data):
                                                clusters=data.clusters),
       "fedavg": lambda: prfl.algorithms.fedavg(loss, opt),
       "fc": lambda: prfl.algorithms.federated_clustering(loss, opt, radius=q),
+      # Seeded at round 2 of the test's 6 (the default warms up for 10).
       "mc": lambda: prfl.algorithms.momentum_clustering(
-          loss, opt, num_clusters=2, radius=q),
+          loss, opt, num_clusters=2, radius=q, warmup_rounds=2),
       "myopic": lambda: prfl.algorithms.myopic_clustering(
           loss, opt, num_clusters=2, radius=q),
       "ifca1": lambda: prfl.algorithms.ifca(loss, opt, num_clusters=2,

@@ -8,6 +8,7 @@ import pytest
 from sklearn import metrics as sk_metrics
 
 import prfl_jax as prfl
+from prfl_jax.algorithms.momentum_clustering import PAPER_LITERAL
 from prfl_jax.diagnostics import partition
 from prfl_jax.diagnostics import rounds
 from prfl_jax.diagnostics import weights
@@ -300,10 +301,11 @@ CLUSTER_ALGORITHMS = {
         quadratic, optax.sgd(0.1), num_clusters=2, radius=1.0, **kw),
     "mc_paper": lambda **kw: prfl.algorithms.momentum_clustering(
         quadratic, optax.sgd(0.1), num_clusters=2, radius=1.0, alpha=1.0,
-        balls="all", **kw),
+        **PAPER_LITERAL, **kw),
+    # Seeded in this one round (the default warms up for 10).
     "mc": lambda **kw: prfl.algorithms.momentum_clustering(
         quadratic, optax.sgd(0.1), num_clusters=2, radius=1.0, alpha=1.0,
-        **kw),
+        warmup_rounds=0, **kw),
     "hypcluster": lambda **kw: prfl.algorithms.hypcluster(
         quadratic, optax.sgd(0.1), num_clusters=2,
         init_models=jnp.array([-1.0, 11.0]), **kw),

@@ -37,9 +37,14 @@ EXPERIMENTS = {e.name: e for e in (
     momentum_variants.EXPERIMENT)}
 _FASHION_FC = ["--tasks", "rotation", "--algorithms", "fc,oracle", "--rounds",
                "100"]
+# Momentum-Clustering's default before 27 November (own-client balls,
+# sticky, seeded at round 0, never frozen), with which the runs that give
+# these flags ran.
+_MC_STICKY = ["--mc-sticky", "--mc-warmup", "0", "--no-mc-seed-average",
+              "--mc-freeze-stable", "auto"]
 # Results directory -> (experiment, preset, flags typed after it).
 COMMITTED = {
-    "mnist/digits": ("mnist", "digits", []),
+    "mnist/digits": ("mnist", "digits", _MC_STICKY),
     "mnist/fashion_mnist": ("mnist", "paper", []),
     "mnist/fashion_rotation_fc_groups16": ("mnist", "paper", _FASHION_FC),
     "mnist/fashion_rotation_fc_groups4": ("mnist", "paper",
@@ -102,7 +107,7 @@ COMMITTED = {
     "failure_modes": ("failure_modes", "examples", []),
     "sweep/digits_fc_lr_quantile": ("sweep", "digits_fc_lr_quantile", []),
     "momentum_clustering/table1_mc": ("mnist", "paper",
-                                      ["--algorithms", "mc"]),
+                                      ["--algorithms", "mc"] + _MC_STICKY),
     "momentum_clustering/freeze_synthetic": ("momentum_variants",
                                              "freeze_synthetic", []),
     "momentum_clustering/freeze_digits_rotation": (
@@ -112,10 +117,14 @@ COMMITTED = {
     "momentum_clustering/freeze_fashion_rotation": (
         "momentum_variants", "freeze_fashion_rotation", []),
     "momentum_clustering/assigned_digits_table1": (
-        "mnist", "digits", ["--algorithms", "mc", "--no-mc-sticky"]),
+        "mnist", "digits", ["--algorithms", "mc", "--no-mc-sticky",
+                            "--mc-warmup", "0", "--no-mc-seed-average",
+                            "--mc-freeze-stable", "auto"]),
     "momentum_clustering/freeze_digits_table1": (
         "mnist", "digits", ["--algorithms", "mc", "--no-mc-sticky",
-                            "--mc-freeze", "10"]),
+                            "--mc-freeze", "10", "--mc-warmup", "0",
+                            "--no-mc-seed-average", "--mc-freeze-stable",
+                            "auto"]),
     "momentum_clustering/stable_synthetic": (
         "momentum_variants", "freeze_synthetic",
         ["--variants", "assigned,assigned_stable,default_stable"]),
@@ -131,7 +140,8 @@ COMMITTED = {
         ["--variants", "assigned_stable"]),
     "momentum_clustering/stable_digits_table1": (
         "mnist", "digits", ["--algorithms", "mc", "--no-mc-sticky",
-                            "--mc-freeze-stable", "5"]),
+                            "--mc-freeze-stable", "5", "--mc-warmup", "0",
+                            "--no-mc-seed-average"]),
     "momentum_clustering/stable_warm_synthetic": (
         "momentum_variants", "freeze_synthetic",
         ["--variants", "assigned_stable_warm"]),
@@ -150,7 +160,8 @@ COMMITTED = {
                             "--mc-seed-average"]),
     "momentum_clustering/stable_warmup_digits_table1": (
         "mnist", "digits", ["--algorithms", "mc", "--no-mc-sticky",
-                            "--mc-freeze-stable", "5", "--mc-warmup", "10"]),
+                            "--mc-freeze-stable", "5", "--mc-warmup", "10",
+                            "--no-mc-seed-average"]),
 }
 # The names of the runs before the options layer, per experiment.
 _COMMON = {"num_clusters": "clusters", "num_rounds": "rounds",
@@ -170,7 +181,10 @@ UNUSED = {"byzantine": {"local_steps", "knn_temperature", "cfl_eps",
                         "cfl_warmup", "ditto_lambda", "knn_k"}}
 # Options a committed run set otherwise, and why that does not matter.
 DIFFERENT = {("byzantine/digits_figure6", "part"):
-             "ran as `both`; only its Figure 6 files are committed"}
+             "ran as `both`; only its Figure 6 files are committed",
+             ("synthetic/figure2_n75", "mc_sticky"):
+             "ran the oracle only; Momentum-Clustering there has balls over "
+             "all clients, which are never sticky"}
 # Output and display: where and how a run wrote, not what it computed.
 RUN_ONLY = {"out", "smoke", "plots", "progress", "tensorboard"}
 

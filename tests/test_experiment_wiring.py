@@ -58,19 +58,29 @@ def test_data_dir_is_refused_for_digits_and_read_for_the_others(tmp_path):
 
 def test_registry_gives_mc_its_balls_quantile_and_stickiness(monkeypatch):
   """Momentum-Clustering's defaults: with `mc_balls='assigned'` the radius
-  quantile is 0.95 and clients are sticky; with 'all', the shared quantile
-  and never sticky (stickiness needs assigned balls). Seen to fail when
-  sticky is given for the other balls (`== 'assigned'` -> `!=`)."""
+  quantile is 0.95, clients are not sticky and the assignment freezes once
+  stable for 5 rounds, after 10 warm-up rounds and a seed average; with
+  'all', the shared quantile, never sticky and never frozen (both need
+  assigned balls). Seen to fail when sticky is given for the other balls
+  (`and assigned` -> `or not assigned`), and when the stable freeze is
+  passed with 'all' (the library raises)."""
   seen = {}
   monkeypatch.setattr(prfl.algorithms, "momentum_clustering",
                       lambda loss_fn, opt, **kw: seen.update(kw))
   ctx = registry.Context(shifted_quadratic, clusters=np.array([0, 0, 1, 1]),
                          num_clusters=2, key=jax.random.key(0))
   s = registry.settings(_resolve(), "mc")
-  for balls, sticky, q in (("assigned", True, 0.95), ("all", False, 0.2)):
+  for balls, sticky, q, stable in (("assigned", False, 0.95, 5),
+                                   ("all", False, 0.2, None)):
     registry.build("mc", ctx, registry.Settings(s, mc_balls=balls))
-    assert (seen["balls"], seen["sticky"], seen["radius"].q) == (
-        balls, sticky, q)
+    assert (seen["balls"], seen["sticky"], seen["radius"].q,
+            seen["freeze_when_stable"], seen["warmup_rounds"],
+            seen["seed_average"]) == (balls, sticky, q, stable, 10, True)
+  registry.build("mc", ctx, registry.Settings(s, mc_sticky=True))
+  assert seen["sticky"]
+  registry.build("mc", ctx, registry.Settings(s, mc_balls="all",
+                                              mc_sticky=True))
+  assert not seen["sticky"]
 
 
 def test_federation_sizes_allow_one_training_example():

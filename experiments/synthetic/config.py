@@ -30,14 +30,14 @@ class Config:
                                     eval_every=100)
   thresholding: groups.Thresholding = group(groups.Thresholding,
                                             clustering_method="direct")
-  # 9 samples per client = 3 local steps of 3; Momentum-Clustering: plain
-  # SGD on its own momentum (alpha 0.1), Algorithm 2's balls over all
-  # clients (the grid's quantiles are over all N); Ditto with the others'
-  # momentum.
+  # 9 samples per client = 3 local steps of 3; Momentum-Clustering as the
+  # paper reads (Figure 3): plain SGD on its own momentum (alpha 0.1),
+  # Algorithm 2's balls over all clients (the grid's quantiles are over all
+  # N), seeded at round 0, no seed average; Ditto with the others' momentum.
   baselines: groups.Baselines = group(
       groups.Baselines, local_steps=3, cfl_eps=(1.0, 2.0), cfl_warmup=0,
       ditto_momentum=0.9, mc_alpha=0.1, mc_lr_over_alpha=False,
-      mc_balls="all")
+      mc_balls="all", mc_warmup=0, mc_seed_average=False)
   settings: tuple[str, ...] = option(
       ("4x4", "4x16", "16x4"), "federations KxN_I: K clusters of N_I clients")
   lrs: Optional[tuple[float, ...]] = option(
