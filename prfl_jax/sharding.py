@@ -25,6 +25,7 @@ result back as NumPy in every process:
   train = prfl.sharding.shard_local_clients(load(rows), mesh, num_clients=n)
 """
 
+import math
 from typing import Any, Optional, Sequence
 
 import jax
@@ -137,17 +138,73 @@ def shard_clients(tree: PyTree, mesh: Mesh, *, name: str = "tree",
   Raises:
     ValueError: as `client_shardings`.
   """
-  shardings = client_shardings(tree, mesh, name=name, axis_name=axis_name)
+  return place(tree, client_shardings(tree, mesh, name=name,
+                                      axis_name=axis_name))
+
+
+def place(tree: PyTree, shardings: PyTree) -> PyTree:
+  """`jax.device_put(tree, shardings)`, also across processes.
+
+  Across processes (`jax.distributed`), every process passes the same full
+  value of host-local leaves and keeps only its own devices' part; leaves
+  that already span several processes are resharded.
+
+  Args:
+    tree: pytree of arrays.
+    shardings: pytree of `jax.sharding.Sharding`, same structure as `tree`.
+
+  Returns:
+    `tree` as `jax.Array`s placed by `shardings`.
+  """
   if jax.process_count() == 1:
     return jax.device_put(tree, shardings)
 
-  def place(x, sharding):
+  def put(x, sharding):
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
       return jax.device_put(x, sharding)
     host = np.asarray(x)
     return jax.make_array_from_callback(host.shape, sharding,
                                         lambda index: host[index])
-  return jax.tree.map(place, tree, shardings)
+  return jax.tree.map(put, tree, shardings)
+
+
+def layout_like(tree: PyTree, data: PyTree,
+                num_clients: int) -> Optional[PyTree]:
+  """Where `tree` belongs on the mesh that `data`'s client axis is split over.
+
+  A leaf with the leading client axis (`[num_clients, ...]`, e.g. the
+  params, the momentum, the Byzantine mask) is split like `data`; any other
+  leaf (the round counter, `[K, ...]` cluster models) is replicated. A jitted
+  function given these as its inputs' and outputs' shardings sees the same
+  layout in every call, so it compiles once (an uncommitted input and a
+  replicated output otherwise make the second call compile again).
+
+  Args:
+    tree: pytree of arrays (e.g. an algorithm's state).
+    data: pytree whose leaves may be split over a mesh (e.g. the clients'
+      training data, `[N, ...]`).
+    num_clients: N.
+
+  Returns:
+    pytree of `NamedSharding`, same structure as `tree`, or None when no leaf
+    of `data` is split over a mesh axis (nothing to place).
+  """
+  for leaf in jax.tree.leaves(data):
+    where = getattr(leaf, "sharding", None)
+    if isinstance(where, NamedSharding) and where.spec and where.spec[0]:
+      mesh, axes = where.mesh, where.spec[0]
+      break
+  else:
+    return None
+  size = math.prod(mesh.shape[a] for a in
+                   (axes if isinstance(axes, tuple) else (axes,)))
+  split, whole = NamedSharding(mesh, PartitionSpec(axes)), replicated(mesh)
+
+  def choose(x):
+    shape = np.shape(x)
+    return split if shape and shape[0] == num_clients and not (
+        num_clients % size) else whole
+  return jax.tree.map(choose, tree)
 
 
 def local_clients(num_clients: int, mesh: Mesh, *,
@@ -246,6 +303,6 @@ def to_host(tree: PyTree) -> PyTree:
 
 __all__ = [
     "CLIENT_AXIS", "client_mesh", "client_sharding", "client_shardings",
-    "local_clients", "replicated", "shard_clients", "shard_local_clients",
-    "to_host",
+    "layout_like", "local_clients", "place", "replicated", "shard_clients",
+    "shard_local_clients", "to_host",
 ]

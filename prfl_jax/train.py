@@ -237,13 +237,17 @@ def train(algorithm: base.Algorithm, params: PyTree,
   start_round = int(sharding.to_host(state.round))
   eval_every = checks.resolve_eval_every(eval_every, start_round, num_rounds)
 
-  def evaluate(state, test):
+  def evaluate(state, test, clusters):
     if eval_fn is None:
       return {}
     return personalized_eval(eval_fn, state.params, test, clusters,
                              state.byzantine, num_clusters)
 
-  def chunk(state, first_round, num, train_data, num_examples, test, length):
+  # The key and the true clusters are arguments, not constants: runs that
+  # differ only in them (seeds, tasks) share one program, which JAX's
+  # persistent compilation cache then compiles once.
+  def chunk(state, key, first_round, num, train_data, num_examples, test,
+            clusters, length):
     # Rounds first_round .. first_round + num - 1 (num <= length, a runtime
     # value); metrics `[length, ...]`, rows past num unused.
     def body(state, round_index):
@@ -274,20 +278,31 @@ def train(algorithm: base.Algorithm, params: PyTree,
     _, state, metrics = lax.while_loop(
         lambda carry: carry[0] < first_round + num, one_round,
         (first_round, state, metrics))
-    return state, metrics, evaluate(state, test)
+    return state, metrics, evaluate(state, test, clusters)
 
+  # On a mesh, the state starts and stays where its layout puts it: client
+  # leaves split like the data, the rest replicated. Left to XLA, an
+  # uncommitted first state and a replicated output (the momentum) made the
+  # second chunk compile again.
+  layout = sharding.layout_like(state, data.train, n)
+  if layout is not None:
+    state = sharding.place(state, layout)
   if donate:  # Own the state, so that donating it never deletes the caller's.
     state = jax.tree.map(
         lambda x: x.copy() if isinstance(x, jax.Array) else x, state)
-  run_chunk = jax.jit(chunk, static_argnums=6,
-                      donate_argnums=0 if donate else ())
+  run_chunk = jax.jit(
+      chunk, static_argnums=8, donate_argnums=0 if donate else (),
+      out_shardings=None if layout is None else (layout, None, None))
   run_eval = jax.jit(evaluate)
+  clusters = clusters.astype(np.int32)
 
   def run(state, first_round, length):
-    return run_chunk(state, np.int32(first_round), np.int32(length),
-                     data.train, data.num_examples, data.test, eval_every)
+    return run_chunk(state, key, np.int32(first_round), np.int32(length),
+                     data.train, data.num_examples, data.test, clusters,
+                     eval_every)
 
-  runner = driver.Runner(state, run, lambda s: run_eval(s, data.test),
+  runner = driver.Runner(state, run,
+                         lambda s: run_eval(s, data.test, clusters),
                          lambda s: s)
   return _loop(runner, num_rounds=num_rounds, start_round=start_round,
                eval_every=eval_every, checkpoint_path=checkpoint_path,

@@ -24,6 +24,11 @@ it evicts, which the suite never asks for); if a worker reads an entry that
 another is writing at that moment, it fails zlib's checksum (CI installs no
 zstandard), JAX warns and compiles the program itself: the race can cost a
 compile, never a number.
+
+The paths through optional packages that the test extra installs (the tfds
+loader on `tfds.testing.mock_data`, the PyTorch reference checks) are marked
+`tfds` / `torch`; the end of the run names how each of them ended, so a CI
+log shows them passing, not skipped, without listing every passed test.
 """
 
 import os
@@ -72,3 +77,24 @@ def fixture_data():
   return prfl.data.synthetic_regression(jax.random.key(0), num_clusters=3,
                                         clients_per_cluster=2, dim=4,
                                         num_samples=5)[0]
+
+
+OPTIONAL_PATHS = ("tfds", "torch")  # Markers, registered in setup.cfg.
+
+
+@pytest.hookimpl(trylast=True)  # After the durations, near the totals.
+def pytest_terminal_summary(terminalreporter):
+  """One line per optional-package path: its tests and how each ended."""
+  outcomes = {name: [] for name in OPTIONAL_PATHS}
+  for outcome in ("passed", "failed", "skipped", "error"):
+    for report in terminalreporter.stats.get(outcome, ()):
+      if report.when != "call" and outcome == "passed":
+        continue
+      for name in OPTIONAL_PATHS:
+        if name in report.keywords:
+          outcomes[name].append(f"{report.nodeid.split('::', 1)[-1]} "
+                                f"{outcome}")
+  for name, ended in outcomes.items():
+    if ended:
+      terminalreporter.write_line(
+          f"{name} path ({len(ended)}): " + ", ".join(sorted(ended)))

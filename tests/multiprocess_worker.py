@@ -9,7 +9,8 @@ same program: every process builds only its own clients' rows, assembles the
 global federation with `prfl.sharding.shard_local_clients`, and trains
 Federated-Clustering (mini-batches, groups, an attack, checkpoints), FedAvg
 and a cohort run of Federated-Clustering (4 of 8 clients per round, one
-dropping out) with `prfl.train`. Process 0 writes the final states and histories to
+dropping out) with `prfl.train`; every run (two chunks each) must compile its
+chunk once. Process 0 writes the final states and histories to
 OUT_DIR/<name>.npz; the FC run's checkpoints go to OUT_DIR/fc_ckpt.
 """
 
@@ -62,11 +63,19 @@ def main(process_id: int, num_processes: int, port: int, out: str):
               radius=prfl.quantile_radius(0.5)),
           cohort_size=4, dropout=0.25),
   }
+  # `train`'s chunk program (dense or cohort), compiled (or read from the
+  # cache) once per run although the run has two chunks.
+  chunk_compiles = []
+  jax.monitoring.register_event_duration_secs_listener(
+      lambda event, _, fun_name=None, **kw: chunk_compiles.append(name) if (
+          event == "/jax/core/compile/backend_compile_duration" and
+          fun_name in ("jit(chunk)", "jit(device_chunk)")) else None)
   for name, alg in algorithms.items():
     result = prfl.train(
         alg, params, data, byzantine=mask, num_rounds=4, eval_every=2,
         key=jax.random.key(1), batch_size=2, eval_fn=prfl.data.regression_eval,
         checkpoint_path=os.path.join(out, f"{name}_ckpt"), verbose=False)
+    assert chunk_compiles.count(name) == 1, (name, chunk_compiles)
     sharded = result.state.clients["params"] if name == "cohort" else (
         result.state.params)
     assert not sharded.is_fully_addressable or num_processes == 1

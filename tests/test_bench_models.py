@@ -16,6 +16,7 @@ from benchmarks import torch_loop
 from benchmarks import zoo
 
 
+@pytest.mark.torch
 @pytest.mark.slow
 def test_smoke_run_agrees_and_writes_json(tmp_path):
   """`--smoke` on the CNN: torch loop, Gram and automatic kernels agree.
@@ -41,6 +42,7 @@ def test_smoke_run_agrees_and_writes_json(tmp_path):
   assert auto["plan"].endswith("/ghost")  # The conv layers were found.
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("name", [
     pytest.param(n, marks=pytest.mark.slow) if n == "vgg8" else n
     for n in sorted(zoo.SPECS)])

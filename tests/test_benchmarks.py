@@ -70,6 +70,7 @@ def test_bench_round_user_and_flax_losses_agree(tmp_path):
       f"c{chunk}/ghost" if chunk else "full/ghost")
 
 
+@pytest.mark.torch
 def test_bench_round_torch_loop_matches(tmp_path):
   pytest.importorskip("torch")
   out = tmp_path / "round.json"
@@ -99,14 +100,15 @@ def test_bench_scale_writes_memory_and_linear_rows(tmp_path):
   assert {r["algorithm"] for r in result["linear"]} == {"local", "fedavg"}
 
 
+@pytest.mark.torch
 def test_torch_loop_computes_prfls_centres():
   """The paper-style PyTorch loop behind every "x faster than PyTorch" claim
   computes the same round as prfl at a tiny size (N = 4, batch 3, 5
   clustering steps), with a quantile ball (q = 0.6) that holds some but not
   all clients, so its Threshold-Clustering is really exercised.
 
-  Runs wherever torch is importable (`pip install -e .[bench]`); torch is
-  not in the `test` extra (a 750 MB download), so CI skips it.
+  Runs wherever torch is importable: the `test` extra installs CPU torch,
+  so CI runs it (named on the run's `torch path` line, tests/conftest.py).
   Mutations seen to fail: the torch loop's centre update without the
   `(n - inside.sum()) * v` term's count (`(n - 1) * v`); the first layer's
   kernel mapped back from torch without its transpose.
@@ -187,6 +189,7 @@ def test_benchmark_algorithms_come_from_the_registry():
     common.algorithm("fedprox", prfl.data.regression_loss)
 
 
+@pytest.mark.torch
 def test_float32_matmuls_turns_every_tf32_switch_off_and_restores_it():
   """Inside `common.float32_matmuls`: JAX at "highest", PyTorch's old TF32
   switches off and every newer `fp32_precision` setting at "ieee" (cuDNN's

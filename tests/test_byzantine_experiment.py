@@ -77,6 +77,27 @@ def test_grid_jobs_have_an_attack_free_run_per_fraction():
   assert config.part_sizes(cfg, "figure6").groups == 2
 
 
+def test_cell_groups_share_a_program_unless_krum_is_told_the_count():
+  """`--cells`: one program per attack and method over the fractions, every
+  grid job in exactly one; Fang's attack on Krum and Global + Krum alone per
+  fraction (Krum's f is a constant). Seen to fail with the Krum rule
+  removed."""
+  cfg = _cfg(["--attacks", "alie,fang_krum", "--algorithms",
+              "fc,global_krum", "--fractions", "0,0.1,0.2", "--references",
+              "local", "--part", "grid", "--cells"])
+  groups = config.cell_groups(cfg)
+  assert sorted((f, a, m) for a, m, fs in groups for f in fs) == sorted(
+      config.grid_jobs(cfg))
+  by = {(a, m): [] for a, m, _ in groups}
+  for a, m, fs in groups:
+    by[(a, m)].append(fs)
+  assert by[("none", "fc")] == [(0.0, 0.1, 0.2)]
+  assert by[("alie", "fc")] == [(0.1, 0.2)]
+  assert by[("none", "local")] == [(0.0,)]
+  assert by[("fang_krum", "fc")] == [(0.1,), (0.2,)]
+  assert by[("alie", "global_krum")] == [(0.1,), (0.2,)]
+
+
 def _row(fraction, attack, method, accuracy, nonfinite=0):
   return {"fraction": fraction, "attack": attack, "method": method,
           "accuracy": accuracy, "nonfinite_benign_models": nonfinite}

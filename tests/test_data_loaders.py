@@ -274,6 +274,7 @@ def test_installed_debian_fashion_mnist_is_found_by_auto():
   assert "Debian dataset-fashion-mnist" in ds.source
 
 
+@pytest.mark.tfds
 def test_tfds_source_with_mock_data():
   tfds = pytest.importorskip("tensorflow_datasets")
   with tfds.testing.mock_data(num_examples=7):

@@ -73,7 +73,9 @@ def test_two_processes_equal_one_process_and_checkpoints_restore_in_one(
 
   The cohort run (each process holding half of the clients' data and
   state, every round's cohort gathered across both) must equal the
-  one-process run bit for bit as well.
+  one-process run bit for bit as well. Every process compiles each run's
+  chunk once (seen to fail, two compiles, without `train` and the cohort
+  driver placing the state by its layout before the first chunk).
   """
   if "jax_cpu_collectives_implementation" not in jax.config.values:
     pytest.skip("this jax has no CPU collectives (gloo) for multi-process "

@@ -211,3 +211,24 @@ def test_client_shardings_and_replicated_on_4_fake_devices():
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stdout + proc.stderr
   assert "SHARDINGS_OK" in proc.stdout
+
+
+def test_layout_like_splits_client_leaves_like_the_data():
+  """`train` places its state by this layout (client leaves split like the
+  data, the rest replicated) so that its chunk compiles once on a mesh
+  (tests/test_multiprocess.py counts the compiles)."""
+  mesh = sharding.client_mesh()
+  n = 2 * jax.device_count()
+  data = sharding.shard_clients({"x": np.ones((n, 3), np.float32)}, mesh)
+  state = {"params": np.zeros((n, 2)), "centres": np.zeros((n + 1, 2)),
+           "round": np.int32(0)}
+  layout = sharding.layout_like(state, data, n)
+  assert layout["params"].spec == jax.sharding.PartitionSpec("clients")
+  assert layout["centres"].spec == jax.sharding.PartitionSpec()
+  assert layout["round"].spec == jax.sharding.PartitionSpec()
+  assert layout["params"].mesh == mesh
+  placed = sharding.place(state, layout)
+  assert placed["params"].sharding == layout["params"]
+  np.testing.assert_array_equal(placed["centres"], state["centres"])
+  assert sharding.layout_like(state, {"x": np.ones((n, 3))}, n) is None
+  assert sharding.layout_like(state, {"x": jnp.ones((n, 3))}, n) is None

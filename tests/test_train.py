@@ -70,13 +70,46 @@ def test_history_progress_and_per_cluster_eval(data):
                              rtol=1e-5)
 
 
-def test_different_seeds_differ_same_seed_repeats(data):
+def _local_run(data, seed):
+  """A short run with an evaluation: every test that calls it compiles the
+  same programs (tests/conftest.py's persistent cache)."""
   alg = prfl.algorithms.local(prfl.data.regression_loss, optax.sgd(1e-2))
-  run = lambda seed: prfl.train(alg, jnp.zeros((6, 4)), data, num_rounds=5,
-                                key=jax.random.key(seed), batch_size=2,
-                                verbose=False).state.params
+  return prfl.train(alg, jnp.zeros((6, 4)), data, num_rounds=5,
+                    key=jax.random.key(seed), batch_size=2,
+                    eval_fn=prfl.data.regression_eval, verbose=False)
+
+
+def test_different_seeds_differ_same_seed_repeats(data):
+  run = lambda seed: _local_run(data, seed).state.params
   np.testing.assert_array_equal(run(0), run(0))
   assert not np.array_equal(run(0), run(1))
+
+
+def test_runs_that_differ_in_the_key_share_one_compiled_program(data):
+  """The key and the true clusters are arguments of `train`'s programs, not
+  constants: a run with another seed and another task's clusters of the
+  same shapes finds every program in JAX's persistent compilation cache
+  (which tests/conftest.py turns on) and compiles nothing.
+
+  Seen to fail (the chunk and the evaluation compiled again) with the key
+  and the clusters closed over in `chunk`, as before.
+  """
+  assert jax.config.jax_compilation_cache_dir, "tests/conftest.py sets it"
+  clusters = np.asarray(data.clusters)
+  first = _local_run(data, 0)
+  misses = []
+  listener = lambda event, **kw: misses.append(event) if event == (
+      "/jax/compilation_cache/cache_misses") else None
+  jax.monitoring.register_event_listener(listener)
+  try:
+    second = _local_run(data._replace(clusters=clusters[::-1]), 1)
+  finally:
+    jax.monitoring.unregister_event_listener(listener)
+  assert not misses
+  assert not np.array_equal(first.state.params, second.state.params)
+  np.testing.assert_array_equal(  # Its own clusters, not the first run's.
+      second.history["eval/error/per_cluster"][0][::-1],
+      first.history["eval/error/per_cluster"][0])
 
 
 def test_bad_arguments_raise_before_compiling(data):

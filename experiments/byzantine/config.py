@@ -72,6 +72,9 @@ class Config(training.ImageConfig):
   references: tuple[str, ...] = option(
       REFERENCES, "attack-free reference runs (may be empty)",
       choices=RUNNABLE, allow_empty=True)
+  cells: bool = option(
+      False, "train the grid's fractions of each attack and method as one "
+      "vmapped program (compiled once; results equal up to float rounding)")
   fig6_clients_per_cluster: Optional[int] = option(
       None, "Figure 6's clients per cluster (auto: digits 10, else 100)",
       low=1)
@@ -215,3 +218,16 @@ def grid_jobs(cfg) -> list:
     methods = cfg.algorithms.algorithms + (cfg.references if f == 0 else ())
     jobs += [(f, a, m) for a in grid_attacks(f, cfg) for m in methods]
   return jobs
+
+
+def cell_groups(cfg) -> list:
+  """(attack, method, fractions) of the grid runs that share one program
+  (`--cells`): the same attack and method; a fraction alone where Krum (the
+  defender's or Fang's attack) is told the Byzantine count, a constant of
+  the program."""
+  found = {}
+  for f, a, m in grid_jobs(cfg):
+    krum = (a == "fang_krum" or
+            registry.settings(cfg, m).get("aggregator") == "krum")
+    found.setdefault((a, m, f if krum else None), []).append(f)
+  return [(a, m, tuple(fs)) for (a, m, _), fs in found.items()]

@@ -13,6 +13,7 @@ from experiments import files
 from experiments import options
 from experiments import registry
 from experiments import training
+from experiments.byzantine import cells
 from experiments.byzantine import config
 from experiments.byzantine import figures
 from experiments.byzantine import report
@@ -68,36 +69,89 @@ def flip_labels(fed: prfl.data.Federation) -> prfl.data.Federation:
   return fed._replace(data=fed.data._replace(train=(x, y)))
 
 
-def run_one(cfg, name: str, attack_name: str, fed, part: str,
-            prepared: Prepared, tracker, tag: str) -> dict:
-  """Trains algorithm `name` on `fed` under an attack; benign accuracy,
-  curves, non-finite benign models and FC's ball statistics.
-
-  The same seed gives every method the same initial model and batches.
-  """
-  init_key, _, train_key = jax.random.split(jax.random.key(cfg.run.seed), 3)
+def _settings(cfg, name: str, part: str) -> registry.Settings:
   s = registry.settings(cfg, name)
   if cfg.clustering.groups is None and "groups" not in (
       cfg.algorithms.per_algorithm.get(name, {})):
     s = registry.Settings({**s, "groups": config.part_sizes(cfg, part).groups})
-  if attack_name == "label_flip":
-    fed = flip_labels(fed)
-  ctx = training.context(
+  return s
+
+
+def _context(cfg, prepared: Prepared, s, name: str, attack_name: str, fed):
+  num_byzantine = int(np.sum(fed.byzantine))
+  return training.context(
       fed, prepared.model.loss_fn,
       jax.random.fold_in(jax.random.key(cfg.run.seed), 1),
-      attack=config.make_attack(attack_name, s, name,
-                                int(np.sum(fed.byzantine))),
-      num_byzantine=int(np.sum(fed.byzantine)))
-  params = prfl.tree.broadcast(prepared.model.init(init_key),
-                               fed.byzantine.shape[0])
-  r = training.train(name, s, ctx, fed, prepared.model, params,
-                     train_key=train_key, tracker=tracker, tag=tag)
-  # FC: shares of a client's group inside its ball, over the last 10%.
+      attack=config.make_attack(attack_name, s, name, num_byzantine),
+      num_byzantine=num_byzantine)
+
+
+def _keys(cfg):
+  """`(init_key, train_key)`: the same seed gives every method the same
+  initial model and batches."""
+  init_key, _, train_key = jax.random.split(jax.random.key(cfg.run.seed), 3)
+  return init_key, train_key
+
+
+def _ball_stats(r: dict) -> dict:
+  """FC: shares of a client's group inside its ball, over the last 10%."""
   tail = r.pop("tail_train_metrics")
   r.pop("final_train_metrics")
   for stat in ("byzantine_in_ball", "ball_fraction"):
     r[stat] = tail.get(stat)
   return r
+
+
+def run_one(cfg, name: str, attack_name: str, fed, part: str,
+            prepared: Prepared, tracker, tag: str) -> dict:
+  """Trains algorithm `name` on `fed` under an attack; benign accuracy,
+  curves, non-finite benign models and FC's ball statistics."""
+  init_key, train_key = _keys(cfg)
+  s = _settings(cfg, name, part)
+  if attack_name == "label_flip":
+    fed = flip_labels(fed)
+  ctx = _context(cfg, prepared, s, name, attack_name, fed)
+  params = prfl.tree.broadcast(prepared.model.init(init_key),
+                               fed.byzantine.shape[0])
+  return _ball_stats(training.train(
+      name, s, ctx, fed, prepared.model, params, train_key=train_key,
+      tracker=tracker, tag=tag))
+
+
+def run_cells(cfg, name: str, attack_name: str, fractions, prepared: Prepared,
+              tracker) -> list:
+  """`run_one` for the grid federations of several Byzantine fractions at
+  once, one vmapped program (`cells.train_cells`); one row per fraction,
+  `seconds` the shared wall time of all `cells`."""
+  s = _settings(cfg, name, "grid")
+  feds = [prepared.grid[f] for f in fractions]
+  if attack_name == "label_flip":
+    feds = [flip_labels(f) for f in feds]
+  ctx = _context(cfg, prepared, s, name, attack_name, feds[0])
+  if any(not np.array_equal(f.data.clusters, ctx.clusters) for f in feds):
+    raise ValueError("grid cells of one program need the same true clusters "
+                     "(the algorithms read them).")
+  init_key, train_key = _keys(cfg)
+  data, byzantine = cells.stack(feds)
+  start = time.perf_counter()
+  results = cells.train_cells(
+      registry.build(name, ctx, s),
+      prfl.tree.broadcast(prepared.model.init(init_key), byzantine.shape[1]),
+      data, byzantine, num_rounds=s.rounds,
+      keys=jnp.stack([train_key] * len(feds)), batch_size=s.batch_size,
+      eval_fn=prepared.model.eval_fn, num_clusters=ctx.num_clusters,
+      eval_every=training.eval_every(s),
+      log=tracker.train_log(f"grid/cells/{attack_name}/{name}", s.rounds))
+  seconds = time.perf_counter() - start
+  rows = []
+  for f, fed, result in zip(fractions, feds, results):
+    tracker.history(f"grid/{int(100 * f)}pct/{attack_name}/{name}",
+                    result.history)
+    r = training.summarise(result, fed.byzantine)
+    r.update(algorithm=name, seconds=seconds, rounds=s.rounds,
+             batch_size=s.batch_size, cells=len(feds))
+    rows.append(_ball_stats(r))
+  return rows
 
 
 def _progress(tracker, index: int, total: int, what: str, r: dict,
@@ -108,23 +162,34 @@ def _progress(tracker, index: int, total: int, what: str, r: dict,
 
 
 def run_grid(cfg, prepared: Prepared, tracker) -> list:
-  """Every grid run; `rows_so_far.json` holds the finished ones (a long
-  grid stopped early keeps its numbers)."""
+  """Every grid run, one at a time or (`--cells`) the fractions of each
+  attack and method as one program; `rows_so_far.json` holds the finished
+  ones (a long grid stopped early keeps its numbers). Rows in
+  `config.grid_jobs` order."""
   jobs, rows, start = config.grid_jobs(cfg), [], time.perf_counter()
   for f, fed in prepared.grid.items():
     tracker.log(f"Federation (Byzantine fraction {f:g}): {fed.description}")
-  for i, (fraction, attack, method) in enumerate(jobs, 1):
-    fed = prepared.grid[fraction]
-    what = (f"{int(100 * fraction)}% {config.ATTACK_LABELS[attack]} "
-            f"{registry.label(method)}")
-    r = run_one(cfg, method, attack, fed, "grid", prepared, tracker,
-                tag=f"grid/{int(100 * fraction)}pct/{attack}/{method}")
-    r.update(fraction=fraction, attack=attack, method=method,
-             num_byzantine=int(np.sum(fed.byzantine)))
-    rows.append(r)
+  batches = (config.cell_groups(cfg) if cfg.cells else
+             [(a, m, (f,)) for f, a, m in jobs])
+  for attack, method, fractions in batches:
+    if cfg.cells:
+      new = run_cells(cfg, method, attack, fractions, prepared, tracker)
+    else:
+      new = [run_one(cfg, method, attack, prepared.grid[fractions[0]],
+                     "grid", prepared, tracker,
+                     tag=f"grid/{int(100 * fractions[0])}pct/{attack}/"
+                     f"{method}")]
+    for fraction, r in zip(fractions, new):
+      r.update(fraction=fraction, attack=attack, method=method,
+               num_byzantine=int(np.sum(prepared.grid[fraction].byzantine)))
+      rows.append(r)
+      what = (f"{int(100 * fraction)}% {config.ATTACK_LABELS[attack]} "
+              f"{registry.label(method)}")
+      _progress(tracker, len(rows), len(jobs), what, r, start)
+    rows.sort(key=lambda r: jobs.index((r["fraction"], r["attack"],
+                                        r["method"])))
     files.write_json(os.path.join(cfg.run.out, "rows_so_far.json"),
                      {"config": options.to_dict(cfg), "rows": rows})
-    _progress(tracker, i, len(jobs), what, r, start)
   return rows
 
 

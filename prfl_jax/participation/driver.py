@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from prfl_jax import sharding
 from prfl_jax import tree as tree_lib
 from prfl_jax.algorithms import base
 from prfl_jax.data import federated
@@ -85,6 +86,13 @@ def setup(alg: cohort_lib.Cohort, params, data, *, key, batch_size,
     state = cohort_lib.CohortState(host, server)
   else:
     state = alg.init(params, byzantine=byzantine)
+  # On a mesh the state starts and stays by its layout (as in `train`'s
+  # dense path): left to XLA, the uncommitted clients' momentum came back
+  # replicated and the second chunk compiled again.
+  layout = None if state_on_host else sharding.layout_like(
+      state, None if on_host_data else data.train, n)
+  if layout is not None:
+    state = sharding.place(state, layout)
   if state_on_host and not isinstance(state.clients, run.HostState):
     state = cohort_lib.CohortState(
         run.HostState(run.to_host(state.clients), host_dir), state.server)
@@ -108,7 +116,9 @@ def setup(alg: cohort_lib.Cohort, params, data, *, key, batch_size,
     return run.scan_rounds(alg, state, index, keys.step, batches)
 
   donated = 0 if donate and not state_on_host else ()
-  device_jit = jax.jit(device_chunk, donate_argnums=donated)
+  device_jit = jax.jit(
+      device_chunk, donate_argnums=donated,
+      out_shardings=None if layout is None else (layout, None))
   host_jit = jax.jit(host_chunk, donate_argnums=donated)
   draw = jax.jit(lambda rounds: run.draw_chunk(alg, key, n, rounds))
 
