@@ -46,6 +46,8 @@ _MC_STICKY = ["--mc-sticky", "--mc-warmup", "0", "--no-mc-seed-average",
 COMMITTED = {
     "mnist/digits": ("mnist", "digits", _MC_STICKY),
     "mnist/fashion_mnist": ("mnist", "paper", []),
+    "mnist/fashion_authors": ("mnist", "authors", _MC_STICKY + [
+        "--algorithms", "local,global,ditto,ifca,knn,fc,oracle"]),
     "mnist/fashion_rotation_fc_groups16": ("mnist", "paper", _FASHION_FC),
     "mnist/fashion_rotation_fc_groups4": ("mnist", "paper",
                                           _FASHION_FC + ["--groups", "4"]),
