@@ -165,6 +165,16 @@ COMMITTED = {
         "mnist", "digits", ["--algorithms", "mc", "--no-mc-sticky",
                             "--mc-freeze-stable", "5", "--mc-warmup", "10",
                             "--mc-seed-average"]),
+    "momentum_clustering/default_digits_table1": (
+        "mnist", "digits", ["--algorithms", "mc,myopic"]),
+    "momentum_clustering/paper_digits_table1": (
+        "mnist", "digits", ["--algorithms", "mc", "--mc-balls", "all",
+                            "--mc-warmup", "0", "--no-mc-seed-average"]),
+    "momentum_clustering/default_fashion_private_label": (
+        "mnist", "paper", ["--tasks", "private_label", "--algorithms", "mc"]),
+    "momentum_clustering/default_synthetic": (
+        "momentum_variants", "synthetic",
+        ["--variants", "paper,default,assigned_stable_warm,myopic,oracle"]),
     "momentum_clustering/stable_warmup_digits_table1": (
         "mnist", "digits", ["--algorithms", "mc", "--no-mc-sticky",
                             "--mc-freeze-stable", "5", "--mc-warmup", "10",
