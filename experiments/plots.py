@@ -60,6 +60,11 @@ def plot_curves(results: dict, path: str, title: str,
   axes[0][0].set_ylabel("test accuracy over benign clients (%)"
                         if metric == "accuracy" else
                         "test cross-entropy over benign clients (nats)")
+  _finish(plt, fig, handles, title, path)
+
+
+def _finish(plt, fig, handles: dict, title: str, path: str):
+  """The legend (`{label: line}`) outside on the right, the title, saved."""
   fig.legend(list(handles.values()), list(handles), loc="center left",
              bbox_to_anchor=(1.0, 0.5), frameon=False)
   fig.suptitle(title)
@@ -95,3 +100,51 @@ def plot_panels(panels: list, path: str, title: str):
       "\n".join(lines).splitlines()))
   files.save_figure(fig, path)
   plt.close(fig)
+
+
+DIAGNOSTICS = (("purity", "purity: weight from the owner's cluster", False),
+               ("effective_count", "effective number of averaged updates",
+                True))
+
+
+def has_diagnostics(results: dict) -> bool:
+  """Whether any run logged a clustering diagnostic (`DIAGNOSTICS`)."""
+  return any(name in run.get("train_curves", {}) for runs in results.values()
+             for run in runs for name, _, _ in DIAGNOSTICS)
+
+
+def plot_diagnostics(results: dict, path: str, title: str):
+  """The clustering diagnostics over the rounds: a row per diagnostic
+  (`DIAGNOSTICS`), a column per task, a line per algorithm that logs it
+  (`experiments.training.interval_means`; the effective count on a log
+  scale: FC's few gradients beside the ground truth's whole cluster).
+
+  Args:
+    results: `{task: [run dicts of experiments.training.train]}`.
+    path: PNG path.
+    title: figure title.
+  """
+  plt = files.pyplot()
+  tasks = list(results)
+  fig, axes = plt.subplots(len(DIAGNOSTICS), len(tasks),
+                           figsize=(5.5 * len(tasks), 3.6 * len(DIAGNOSTICS)),
+                           squeeze=False, sharex="col")
+  handles = {}
+  for col, task in enumerate(tasks):
+    for row, (name, ylabel, log) in enumerate(DIAGNOSTICS):
+      ax = axes[row][col]
+      for i, run in enumerate(results[task]):
+        curve = run.get("train_curves", {}).get(name)
+        if curve is None:
+          continue
+        label = registry.label(run["algorithm"])
+        (line,) = ax.plot(run["eval_round"][1:], curve, label=label,
+                          **series_style(i, run["algorithm"]))
+        handles.setdefault(label, line)
+      if log:
+        ax.set_yscale("log")
+      ax.set_ylabel(ylabel, fontsize=8)
+      ax.grid(alpha=0.3)
+    axes[0][col].set_title(task.replace("_", " "))
+    axes[-1][col].set_xlabel("round (mean over each evaluation interval)")
+  _finish(plt, fig, handles, title, path)

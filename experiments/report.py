@@ -196,6 +196,7 @@ BLOCKS = {
     "summary": summary,
     "mnist/digits": lambda: table1("digits"),
     "mnist/fashion_mnist": lambda: table1("fashion_mnist"),
+    "mnist/fashion_authors": lambda: table1("fashion_authors"),
     "mnist/fc_groups": fc_groups,
     "byzantine/figure6": figure6,
     "byzantine/grid": byzantine_grid,

@@ -134,15 +134,22 @@ def run_programs(cfg, name: str, fed, model, tracker, tag: str) -> list:
                          init_kwargs={"byzantine": fed.byzantine})))(
                              hparams, jnp.stack([train_key] * len(idx))))
     seconds = time.perf_counter() - start
+    every = training.eval_every(base)
     for j, i in enumerate(idx):
+      history = {"round": np.arange(1, base.rounds + 1),
+                 "eval_round": np.unique(np.r_[0:base.rounds:every,
+                                               base.rounds]),
+                 **{f"train/{k}": np.asarray(v)[j]
+                    for k, v in out.metrics.items() if np.ndim(v) == 2}}
       rows[i] = {"point": grid[i], "accuracy": float(out.final["accuracy"][j]),
                  "loss": float(out.final["loss"][j]),
-                 "seconds": seconds / len(idx), "program_points": len(idx)}
+                 "seconds": seconds / len(idx), "program_points": len(idx),
+                 # The step metrics (e.g. the clustering diagnostics) over
+                 # every `eval_every` rounds, ending at these rounds.
+                 "train_round": history["eval_round"][1:].tolist(),
+                 "train_curves": training.interval_means(history)}
       label = ",".join(f"{k}={v}" for k, v in grid[i].items())
-      tracker.history(f"{tag}/{label}", {
-          "round": np.arange(1, base.rounds + 1),
-          **{f"train/{k}": np.asarray(v)[j] for k, v in out.metrics.items()
-             if np.ndim(v) == 2}})
+      tracker.history(f"{tag}/{label}", history)
     tracker.log(f"  {tag}: {len(idx)} grid points in one program "
                 f"({seconds:.1f}s)")
   return rows

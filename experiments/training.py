@@ -260,7 +260,21 @@ def summarise(result: prfl.TrainResult, byzantine) -> dict:
                              if k.startswith("train/")},
       "nonfinite_benign_models": int(np.sum(~np.asarray(byzantine) &
                                             ~finite)),
+      "train_curves": interval_means(h),
   }
+
+
+def interval_means(history: dict) -> dict:
+  """Every step metric (`train/<name>`, one value a round) averaged over
+  each evaluation interval: `{name: [E - 1]}`, entry e over the rounds
+  `(eval_round[e], eval_round[e + 1]]`, so it lines up with
+  `eval_round[1:]` (the clustering diagnostics over the rounds, small
+  enough for results.json)."""
+  edges = np.asarray(history["eval_round"]) - history["round"][0] + 1
+  return {k[len("train/"):]: [float(np.mean(np.asarray(v)[a:b]))
+                              for a, b in zip(edges[:-1], edges[1:])]
+          for k, v in history.items()
+          if k.startswith("train/") and np.ndim(v) == 1}
 
 
 def summary_rows(results: dict) -> list:

@@ -46,13 +46,20 @@ _MC_STICKY = ["--mc-sticky", "--mc-warmup", "0", "--no-mc-seed-average",
 COMMITTED = {
     "mnist/digits": ("mnist", "digits", _MC_STICKY),
     "mnist/fashion_mnist": ("mnist", "paper", []),
+    "mnist/fashion_authors": ("mnist", "authors", _MC_STICKY + [
+        "--algorithms", "local,global,ditto,ifca,knn,fc,oracle"]),
     "mnist/fashion_rotation_fc_groups16": ("mnist", "paper", _FASHION_FC),
     "mnist/fashion_rotation_fc_groups4": ("mnist", "paper",
                                           _FASHION_FC + ["--groups", "4"]),
     "mnist/fashion_rotation_fc_groups4_300": (
         "mnist", "paper", ["--tasks", "rotation", "--algorithms", "fc",
                            "--groups", "4"]),
+    "mnist/fashion_rotation_diagnostics_baselines": (
+        "mnist", "paper", ["--tasks", "rotation", "--rounds", "30",
+                           "--eval-every", "10", "--algorithms",
+                           "myopic,mc,ifca,hypcluster,cfl"] + _MC_STICKY),
     "byzantine/digits_grid": ("byzantine", "digits_grid", []),
+    "byzantine/digits_fc_groups": ("byzantine", "fc_groups", []),
     "byzantine/digits_figure6": ("byzantine", "digits_figure6", []),
     "byzantine/digits_figure6_q010": ("byzantine", "digits_figure6_q010", []),
     "byzantine/digits_fc_defences/fc_ball_cap": (
@@ -158,6 +165,16 @@ COMMITTED = {
         "mnist", "digits", ["--algorithms", "mc", "--no-mc-sticky",
                             "--mc-freeze-stable", "5", "--mc-warmup", "10",
                             "--mc-seed-average"]),
+    "momentum_clustering/default_digits_table1": (
+        "mnist", "digits", ["--algorithms", "mc,myopic"]),
+    "momentum_clustering/paper_digits_table1": (
+        "mnist", "digits", ["--algorithms", "mc", "--mc-balls", "all",
+                            "--mc-warmup", "0", "--no-mc-seed-average"]),
+    "momentum_clustering/default_fashion_private_label": (
+        "mnist", "paper", ["--tasks", "private_label", "--algorithms", "mc"]),
+    "momentum_clustering/default_synthetic": (
+        "momentum_variants", "synthetic",
+        ["--variants", "paper,default,assigned_stable_warm,myopic,oracle"]),
     "momentum_clustering/stable_warmup_digits_table1": (
         "mnist", "digits", ["--algorithms", "mc", "--no-mc-sticky",
                             "--mc-freeze-stable", "5", "--mc-warmup", "10",

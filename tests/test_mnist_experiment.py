@@ -63,8 +63,10 @@ def test_smoke_run_writes_every_output(tmp_path, capsys):
   with open(out / "summary.csv") as f:
     rows = list(csv.DictReader(f))
   assert len(rows) == 2 * len(names) and rows[0]["task"] == "rotation"
-  for png in ("curves.png", "curves_loss.png"):
+  for png in ("curves.png", "curves_loss.png", "diagnostics.png"):
     assert (out / png).read_bytes()[:4] == b"\x89PNG"
+  fc = results["results"]["rotation"][0]["train_curves"]
+  assert len(fc["purity"]) == len(fc["effective_count"]) == 4
   events = list((out / "tensorboard" / "rotation" / "fc").glob("events.*"))
   assert len(events) == 1 and events[0].stat().st_size > 0
   assert not list(out.glob(".tmp-*"))
@@ -303,6 +305,17 @@ def test_summary_rows_by_hand():
                  "loss": 0.5, "worst_cluster_accuracy_pct": 70.0,
                  "gain_last_quarter_pts": 20.0, "rounds": 300,
                  "seconds": 3.0}
+
+
+def test_interval_means_by_hand():
+  """Seen to fail when the intervals are shifted by one round (the round
+  before an evaluation counted in the next interval)."""
+  history = {"round": np.arange(11, 16), "eval_round": np.array([10, 12, 15]),
+             "train/purity": np.array([1.0, 3.0, 5.0, 6.0, 10.0]),
+             "train/per_client": np.zeros((5, 2)),
+             "eval/accuracy": np.zeros(3)}
+  # Rounds 11-12, then 13-15; 2-D and evaluation series are left out.
+  assert training.interval_means(history) == {"purity": [2.0, 7.0]}
 
 
 def test_federation_sizes_by_hand():

@@ -61,6 +61,9 @@ def test_smoke_grid_is_one_program_per_task_and_one_table(tmp_path):
              for r in rows)
   # Different learning rates give different models.
   assert len({round(r["loss"], 6) for r in rows}) == 4
+  # FC's diagnostics per grid point, one value per round (3 rounds).
+  assert rows[0]["train_round"] == [1, 2, 3]
+  assert len(rows[0]["train_curves"]["effective_count"]) == 3
   table = (out / "table.md").read_text()
   assert table.startswith("| lr | quantile | rotation FC (ours) acc. % |")
   assert len([l for l in table.splitlines() if l.startswith("| 0.")]) == 4

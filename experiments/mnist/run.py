@@ -137,6 +137,12 @@ def write(cfg, prepared: Prepared, results: dict, tracker, *, command: str,
     plots.plot_curves(results, os.path.join(out, "curves_loss.png"), title,
                       "loss")
     written += ["curves.png", "curves_loss.png"]
+    if plots.has_diagnostics(results):
+      plots.plot_diagnostics(results, os.path.join(out, "diagnostics.png"),
+                             f"Clustering diagnostics: {cfg.data.dataset}, "
+                             f"{f.clusters} clusters x "
+                             f"{f.clients_per_cluster} clients")
+      written.append("diagnostics.png")
   tracker.log("\n" + table)
   tracker.log(f"Wrote {', '.join(written)} to {out}")
   return {"config": cfg, "results": results, "checks": checks}
