@@ -103,6 +103,8 @@ COMMITTED = {
         "byzantine", "protocol_20pct",
         ["--rounds", "20", "--eval-every", "10", "--attacks",
          "opt_ipm,opt_alie"]),
+    "byzantine/protocol_digits/private_label_fc": (
+        "byzantine", "protocol_digits", ["--algorithms", "fc_ball_cap"]),
     "synthetic/figure2_n75": ("synthetic", "figures2_3",
                               ["--settings", "4x75", "--algorithms",
                                "oracle"]),
