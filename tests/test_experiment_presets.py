@@ -58,6 +58,13 @@ COMMITTED = {
         "mnist", "paper", ["--tasks", "rotation", "--rounds", "30",
                            "--eval-every", "10", "--algorithms",
                            "myopic,mc,ifca,hypcluster,cfl"] + _MC_STICKY),
+    "mnist/digits_private_label_fc_aware": (
+        "mnist", "digits", ["--tasks", "private_label", "--algorithms",
+                            "fc,fc_aware"]),
+    "mnist/digits_private_label_fc_aware_q05": (
+        "mnist", "digits", ["--tasks", "private_label", "--algorithms",
+                            "fc_aware", "--per-algorithm",
+                            "fc_aware.quantile=0.5"]),
     "byzantine/digits_grid": ("byzantine", "digits_grid", []),
     "byzantine/digits_fc_groups": ("byzantine", "fc_groups", []),
     "byzantine/digits_figure6": ("byzantine", "digits_figure6", []),
