@@ -44,7 +44,7 @@ _MC_STICKY = ["--mc-sticky", "--mc-warmup", "0", "--no-mc-seed-average",
               "--mc-freeze-stable", "auto"]
 # Results directory -> (experiment, preset, flags typed after it).
 COMMITTED = {
-    "mnist/digits": ("mnist", "digits", _MC_STICKY),
+    "mnist/digits": ("mnist", "digits", []),
     "mnist/fashion_mnist": ("mnist", "paper", []),
     "mnist/fashion_authors": ("mnist", "authors", _MC_STICKY + [
         "--algorithms", "local,global,ditto,ifca,knn,fc,oracle"]),
