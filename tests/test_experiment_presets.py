@@ -58,6 +58,14 @@ COMMITTED = {
         "mnist", "paper", ["--tasks", "rotation", "--rounds", "30",
                            "--eval-every", "10", "--algorithms",
                            "myopic,mc,ifca,hypcluster,cfl"] + _MC_STICKY),
+    "mnist/fashion_rotation_diagnostics": (
+        "mnist", "paper", ["--tasks", "rotation", "--rounds", "100",
+                           "--algorithms", "fc_aware,fc,oracle,myopic,mc,"
+                           "ifca,hypcluster,cfl"]),
+    "mnist/fashion_rotation_fc_groups4_diagnostics": (
+        "mnist", "paper", ["--tasks", "rotation", "--rounds", "10",
+                           "--eval-every", "5", "--groups", "4",
+                           "--algorithms", "fc"]),
     "mnist/digits_private_label_fc_aware": (
         "mnist", "digits", ["--tasks", "private_label", "--algorithms",
                             "fc,fc_aware"]),
