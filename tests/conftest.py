@@ -29,9 +29,9 @@ On a host without an accelerator plugin, the suite also compiles at XLA's
 backend optimisation level 0 (`--xla_backend_optimization_level=0` added to
 `XLA_FLAGS`, for the workers and subprocesses too, unless `XLA_FLAGS`
 already names a level): LLVM's optimisation of the generated CPU code is
-most of XLA:CPU's compile time, and the suite's problems are small enough
-that compiling dominates running. The level changes only LLVM's work on the
-generated code, not the HLO passes: results may differ from the default
+much of XLA:CPU's compile time, and the suite's problems are small enough
+that compiling dominates running. XLA hands the level to LLVM, which
+optimises and emits the machine code: results may differ from the default
 level's in the last bits, and two programs of one computation may round
 apart where they agreed to the bit at the default level (the sweep's 1-point
 and 4-point programs: 1 ulp; test_sweep_experiment.py compares them to
