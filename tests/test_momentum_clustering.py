@@ -395,6 +395,41 @@ def test_freeze_when_stable_waits_for_a_round_without_moves():
         balls="all", freeze_when_stable=2)
 
 
+def test_stable_share_freezes_although_one_client_keeps_moving():
+  """Ten clients, optima 0 (clients 0-4) and 10 (5-9), but client 0's
+  optimum flips between 10 and 0 every round, so without a freeze it
+  changes centre in every round from round 1 on (the strict rule,
+  `stable_share=0`, never freezes); alpha 1, radius 1,
+  `freeze_when_stable=2`, `stable_share=0.1` (one move of ten tolerated):
+  rounds 1 and 2 count as still, and from round 3 on client 0 stays where
+  it was.
+
+  Seen to fail when the tolerated count was 0 whatever the share, and when
+  a still round needed fewer moves than that count (`<` for `<=`): never
+  frozen either way.
+  """
+  targets = jnp.array([0.0] * 5 + [10.0] * 5)
+  alg = prfl.algorithms.momentum_clustering(
+      shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=1.0,
+      num_iters=1, alpha=1.0, sticky=False, warmup_rounds=0,
+      seed_average=False, freeze_when_stable=2, stable_share=0.1)
+  state, step = alg.init(jnp.zeros((10, 1))), jax.jit(alg.step)
+  moved, frozen, owner = [], [], []
+  for t in range(5):
+    batch = targets.at[0].set(10.0 * (t % 2))[:, None, None]
+    state, metrics = step(state, batch, jax.random.key(t))
+    moved.append(float(metrics["moved"]))
+    frozen.append(float(metrics["frozen"]))
+    owner.append(int(state.assignment[0]))
+  assert moved == [0.0, 1.0, 1.0, 0.0, 0.0]
+  assert frozen == [0.0, 0.0, 0.0, 1.0, 1.0]
+  assert owner[1] != owner[2] == owner[3] == owner[4]
+  with pytest.raises(ValueError, match="stable_share"):
+    prfl.algorithms.momentum_clustering(
+        shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=1.0,
+        stable_share=1.0)
+
+
 def test_seed_average_gives_every_client_its_centres_mean_model():
   """One warm-up round, then seeding with `seed_average`; alpha 1, radius 5,
   lr 0.1, optima 0, 2, 10, 12. Own steps: x = 0, 0.2, 1, 1.2. Seeding:

@@ -59,6 +59,9 @@ the synthetic federation):
   froze at rounds 8-11 on the digits and Fashion-MNIST and beat every other
   variant there, except where the settled assignment was a wrong one (two
   true clusters on one centre), which it keeps.
+  `stable_share` relaxes "no client": a round is still when at most that
+  share of the N clients moved (at N = 300 on Fashion-MNIST private label
+  20-60 clients moved in every round, so the strict rule never fired).
 * `seed_average`: a warm-up of own steps lets the clusters show in the
   momenta (on Table 1's digits it turned a seeding at ARI 0.67 into 1.0),
   but each client's own steps stay in its model for good, since the
@@ -168,6 +171,7 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
                         reseed: bool = False, bias_correction: bool = False,
                         freeze_after: Optional[int] = None,
                         freeze_when_stable: Optional[int] = 5,
+                        stable_share: float = 0.0,
                         true_clusters=None) -> base.Algorithm:
   """Momentum-Clustering: server-side clustering of client momenta.
 
@@ -207,6 +211,10 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
       (needs `balls="assigned"`; see the module docstring). None: never.
       `PAPER_LITERAL` holds the paper-literal values of `balls`, `sticky`,
       `warmup_rounds`, `seed_average` and `freeze_when_stable`.
+    stable_share: with `freeze_when_stable`, a round counts as still when
+      at most `floor(stable_share * N)` clients changed centre, in [0, 1);
+      0 (no move at all) by default. For federations where a few clients
+      never stop moving on minibatch noise (module docstring).
     true_clusters: optional concrete `[N]` true cluster ids, known to the
       experimenter only: the step then also reports the diagnostics that
       need them (`prfl_jax.diagnostics.rounds`).
@@ -222,7 +230,7 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
     TypeError: if `optimizer` is not an optax transformation.
     ValueError: on a bad `num_clusters`, `num_iters`, `alpha`, `radius`,
       `method`, `balls`, `warmup_rounds`, `freeze_after`,
-      `freeze_when_stable` or `true_clusters`; at `init`, if
+      `freeze_when_stable`, `stable_share` or `true_clusters`; at `init`, if
       K > N or `true_clusters` does not have N entries.
 
   References:
@@ -253,6 +261,9 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
                        "clients of each centre are carried over); pass "
                        "freeze_when_stable=None with balls='all', or "
                        "**PAPER_LITERAL for Algorithm 3 as written.")
+  if not 0.0 <= float(stable_share) < 1.0:
+    raise ValueError(f"`stable_share` must be in [0, 1), got "
+                     f"{stable_share!r}.")
   truth = diagnostics.check_true_clusters(true_clusters)
   k = num_clusters
 
@@ -331,7 +342,8 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
     centers, assignment, directions, row_coefs, moved = out
     clustered = state.round > warmup_rounds  # Seeded in an earlier round.
     changed = jnp.sum(clustered & (assignment != state.assignment))
-    still = jnp.where(clustered & (changed == 0), state.still + 1, 0)
+    tolerated = int(stable_share * assignment.shape[0])  # Static: N is.
+    still = jnp.where(clustered & (changed <= tolerated), state.still + 1, 0)
     directions = jax.tree.map(lambda d: d * scale.astype(d.dtype), directions)
     params = state.params
     if seed_average:  # One upload of the models, at seeding (only then).
