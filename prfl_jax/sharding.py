@@ -207,6 +207,28 @@ def layout_like(tree: PyTree, data: PyTree,
   return jax.tree.map(choose, tree)
 
 
+def place_like(tree: PyTree, data: PyTree,
+               num_clients: int) -> tuple[PyTree, Optional[PyTree]]:
+  """`tree` placed by `layout_like(tree, data, num_clients)`, and the layout.
+
+  What a loop over jitted chunks needs before its first call: the state
+  committed to its layout, and the layout to pass as the chunk's output
+  sharding, so that every call sees one layout and the chunk compiles once.
+
+  Args:
+    tree: pytree of arrays (e.g. an algorithm's state).
+    data: pytree whose leaves may be split over a mesh (e.g. the clients'
+      training data, `[N, ...]`), or None.
+    num_clients: N.
+
+  Returns:
+    (tree placed by the layout, layout), or (tree, None) when no leaf of
+    `data` is split over a mesh axis.
+  """
+  layout = layout_like(tree, data, num_clients)
+  return (tree if layout is None else place(tree, layout)), layout
+
+
 def local_clients(num_clients: int, mesh: Mesh, *,
                   axis_name: str = CLIENT_AXIS) -> slice:
   """The clients (rows) that this process's devices hold on `mesh`.
@@ -303,6 +325,6 @@ def to_host(tree: PyTree) -> PyTree:
 
 __all__ = [
     "CLIENT_AXIS", "client_mesh", "client_sharding", "client_shardings",
-    "layout_like", "local_clients", "place", "replicated", "shard_clients",
-    "shard_local_clients", "to_host",
+    "layout_like", "local_clients", "place", "place_like", "replicated",
+    "shard_clients", "shard_local_clients", "to_host",
 ]

@@ -284,9 +284,7 @@ def train(algorithm: base.Algorithm, params: PyTree,
   # leaves split like the data, the rest replicated. Left to XLA, an
   # uncommitted first state and a replicated output (the momentum) made the
   # second chunk compile again.
-  layout = sharding.layout_like(state, data.train, n)
-  if layout is not None:
-    state = sharding.place(state, layout)
+  state, layout = sharding.place_like(state, data.train, n)
   if donate:  # Own the state, so that donating it never deletes the caller's.
     state = jax.tree.map(
         lambda x: x.copy() if isinstance(x, jax.Array) else x, state)

@@ -25,12 +25,29 @@ another is writing at that moment, it fails zlib's checksum (CI installs no
 zstandard), JAX warns and compiles the program itself: the race can cost a
 compile, never a number.
 
+On a host without an accelerator plugin, the suite also compiles at XLA's
+backend optimisation level 0 (`--xla_backend_optimization_level=0` added to
+`XLA_FLAGS`, for the workers and subprocesses too, unless `XLA_FLAGS`
+already names a level): LLVM's optimisation of the generated CPU code is
+much of XLA:CPU's compile time, and the suite's problems are small enough
+that compiling dominates running. XLA hands the level to LLVM, which
+optimises and emits the machine code: results may differ from the default
+level's in the last bits, and two programs of one computation may round
+apart where they agreed to the bit at the default level (the sweep's 1-point
+and 4-point programs: 1 ulp; test_sweep_experiment.py compares them to
+float32 rounding). Every other test passed at level 0 unchanged. The
+Byzantine smoke run took 97 CPU-s at the default level and 55 at level 0;
+the kernel-trace and streaming tests 182 and 112 (session 7, load 5-7). A
+GPU run keeps JAX's defaults.
+
 The paths through optional packages that the test extra installs (the tfds
 loader on `tfds.testing.mock_data`, the PyTorch reference checks) are marked
 `tfds` / `torch`; the end of the run names how each of them ended, so a CI
 log shows them passing, not skipped, without listing every passed test.
 """
 
+import importlib.metadata
+import importlib.util
 import os
 import shutil
 import tempfile
@@ -54,8 +71,20 @@ _JAX_ENV = {
 }
 
 
+_OPT_LEVEL = "--xla_backend_optimization_level"
+
+
+def _accelerator_plugin() -> bool:
+  """Whether JAX would find a PJRT plugin (CUDA, ROCm, TPU) here."""
+  return bool(importlib.metadata.entry_points(group="jax_plugins") or
+              importlib.util.find_spec("jax_plugins"))
+
+
 def pytest_configure(config):
   if not hasattr(config, "workerinput"):  # The controller (or no xdist).
+    flags = os.environ.get("XLA_FLAGS", "")
+    if _OPT_LEVEL not in flags and not _accelerator_plugin():
+      os.environ["XLA_FLAGS"] = f"{flags} {_OPT_LEVEL}=0".strip()
     if os.environ.get(_CACHE_ENV):
       path = os.environ[_CACHE_ENV]
       os.makedirs(path, exist_ok=True)

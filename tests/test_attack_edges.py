@@ -47,6 +47,15 @@ def test_concentrated_counts_the_share_of_benign_clients(target_norm,
     assert np.isnan(out[4, 0])
 
 
+def test_concentrated_share_is_at_most_one():
+  """A share of 1 (every benign client counts as near) is allowed, 1.5 is
+  refused naming `share`. Seen to fail when the upper bound is 2 (`share
+  <= 1` -> `<= 2`, session 7's mutant #56 of `--preset attacks`)."""
+  prfl.attacks.concentrated(prfl.attacks.alie(), share=1.0)
+  with pytest.raises(ValueError, match=r"`share` must be a number in \(0, 1\]"):
+    prfl.attacks.concentrated(prfl.attacks.alie(), share=1.5)
+
+
 def test_alie_default_z_floors_half_n_plus_one_for_odd_n():
   """N = 5, f = 1: s = floor(5/2 + 1) - 1 = 2, z = Phi^{-1}(3/5) = 0.2533
   (Baruch et al.). Seen to fail with `ceil` (s = 3, z = -0.2533)."""
@@ -81,7 +90,8 @@ def test_min_max_moves_along_its_unit_or_sign_perturbation(perturbation):
   allows. The benign mean is made short (0.05 per coordinate): the search
   spans gamma in (0, 20), so a unit direction reaches the bound (2.7 from
   the mean). Seen to fail with `-mu * ||mu||` for the unit direction (length
-  0.0125: the search stops 0.25 from the mean)."""
+  0.0125: the search stops 0.25 from the mean), and with `+mu / ||mu||`
+  (gamma < 0: session 7's mutant #270 of `--preset attacks`)."""
   msgs = opt_tests._messages(1)  # pylint: disable=protected-access
   benign = ~np.asarray(opt_tests.BYZ)
   msgs = jax.tree.map(lambda v: v - v[benign].mean(0) + 0.05, msgs)
@@ -91,6 +101,7 @@ def test_min_max_moves_along_its_unit_or_sign_perturbation(perturbation):
   mu = honest.mean(0)
   p = -mu / np.linalg.norm(mu) if perturbation == "unit" else -np.sign(mu)
   gamma = np.dot(out[-1] - mu, p) / np.dot(p, p)
+  assert gamma > 0
   np.testing.assert_allclose(out[-1], mu + gamma * p, rtol=1e-4, atol=1e-4)
   bound = ((honest[:, None] - honest[None]) ** 2).sum(-1).max()
   gap = lambda g: ((honest - (mu + g * p)) ** 2).sum(1).max()

@@ -136,6 +136,17 @@ def test_edge_radius_is_the_largest_distance_inside_the_quantile_ball(q):
     assert (r * scale <= tau) == inside, (scale, r, tau)
 
 
+def test_edge_radius_falls_back_to_the_largest_benign_distance():
+  """Two benign rows of five and q = 0.9: rank floor(0.9 x 4) = 3 is past
+  the benign rows, so the radius is the larger benign distance (2), not the
+  smaller (1). Seen to fail when the cap is one rank lower (`sum(benign) -
+  1` -> `- 2`, session 7's mutant #76 of `--preset attacks`)."""
+  dist = jnp.array([[2.0, 1.0, 0.5, 0.5, 0.5]])
+  benign = jnp.array([True, True, False, False, False])
+  r = prfl.attacks.edge_radius(prfl.quantile_radius(0.9), dist, benign)
+  np.testing.assert_array_equal(r, [2.0])
+
+
 def test_threshold_edge_quantile_messages_are_inside_at_the_estimate():
   out = prfl.attacks.threshold_edge(prfl.quantile_radius(0.3), num_iters=60)(
       EDGE_MSGS, EDGE_BYZ, KEY)

@@ -178,6 +178,21 @@ def test_fedavg_clients_at_once_trains_the_same_clients(at_once):
                              rtol=1e-6)
 
 
+def test_local_updates_default_trains_every_client_in_one_vmap():
+  """`clients_at_once=None` is one `vmap` over the clients: its program has
+  one loop (the local steps' scan), `1` adds the loop over the clients.
+  Seen to fail when the branch is inverted (`clients_at_once is None` ->
+  `is not None`, session 7's mutant #78 of `--preset algorithms`: the same
+  numbers, but the default trained the clients one after another)."""
+  params, batch = jnp.arange(4.0)[:, None], jnp.zeros((4, 2, 1))
+
+  def loops(k):
+    return str(jax.make_jaxpr(lambda p, b: local_updates(
+        shifted_quadratic, optax.sgd(0.5), p, b, 2, k))(params, batch)
+               ).count("scan[")
+  assert (loops(None), loops(1)) == (1, 2)
+
+
 @pytest.mark.parametrize("kwargs", [dict(clients_at_once=0, local_steps=2),
                                     dict(clients_at_once=2.0, local_steps=2),
                                     dict(clients_at_once=2, local_steps=1)])

@@ -1,5 +1,6 @@
 """Tests of prfl_jax.checkpoint: orbax steps, checksums, fall-back, targets."""
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -221,3 +222,30 @@ def test_describe_value_names_a_cycle_once():
   loop = [1.0]
   loop.append(loop)
   assert run_lib.describe_value(loop) == [1.0, {"type": "builtins.list"}]
+
+
+def test_describe_value_gives_a_dataclass_instance_its_fields():
+  """An instance is described by its fields (two settings differ), a
+  dataclass itself only by its type. Seen to fail when the instance check
+  is inverted (`not isinstance(value, type)` -> `isinstance`, session 7's
+  mutant #198 of `--preset train`: every instance read as its type alone,
+  so a resume with another setting went unnoticed)."""
+  @dataclasses.dataclass
+  class Plan:
+    kernel: str = "gram"
+
+  got = run_lib.describe_value(Plan("direct"))
+  assert got["fields"] == {"kernel": "direct"}
+  assert got != run_lib.describe_value(Plan("gram"))
+  assert "fields" not in run_lib.describe_value(Plan)
+
+
+def test_check_same_run_names_eight_differences_and_counts_the_rest():
+  """Nine settings differ: the message names the first eight (sorted) and
+  says 9 in all. Seen to fail when it names nine (`diffs[:8]` -> `[:9]`,
+  session 7's mutant #206 of `--preset train`)."""
+  saved = {f"s{i}": i for i in range(9)}
+  now = {f"s{i}": i + 1 for i in range(9)}
+  with pytest.raises(ValueError,
+                     match=r"s7: saved 7, now 8; \.\.\. \(9 in all\)"):
+    run_lib.check_same_run(saved, now, "ckpt")

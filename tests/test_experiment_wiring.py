@@ -56,6 +56,17 @@ def test_data_dir_is_refused_for_digits_and_read_for_the_others(tmp_path):
   assert cfg.data.data_dir == str(tmp_path)
 
 
+def _captured(monkeypatch, factory):
+  """`(seen, ctx)`: the keywords the registry passes to
+  `prfl.algorithms.<factory>` land in `seen`; `ctx` has two clusters."""
+  seen = {}
+  monkeypatch.setattr(prfl.algorithms, factory,
+                      lambda loss_fn, opt, **kw: seen.update(kw))
+  return seen, registry.Context(shifted_quadratic,
+                                clusters=np.array([0, 0, 1, 1]),
+                                num_clusters=2, key=jax.random.key(0))
+
+
 def test_registry_gives_mc_its_balls_quantile_and_stickiness(monkeypatch):
   """Momentum-Clustering's defaults: with `mc_balls='assigned'` the radius
   quantile is 0.95, clients are not sticky and the assignment freezes once
@@ -64,11 +75,7 @@ def test_registry_gives_mc_its_balls_quantile_and_stickiness(monkeypatch):
   assigned balls). Seen to fail when sticky is given for the other balls
   (`and assigned` -> `or not assigned`), and when the stable freeze is
   passed with 'all' (the library raises)."""
-  seen = {}
-  monkeypatch.setattr(prfl.algorithms, "momentum_clustering",
-                      lambda loss_fn, opt, **kw: seen.update(kw))
-  ctx = registry.Context(shifted_quadratic, clusters=np.array([0, 0, 1, 1]),
-                         num_clusters=2, key=jax.random.key(0))
+  seen, ctx = _captured(monkeypatch, "momentum_clustering")
   s = registry.settings(_resolve(), "mc")
   for balls, sticky, q, stable in (("assigned", False, 0.95, 5),
                                    ("all", False, 0.2, None)):
@@ -81,6 +88,18 @@ def test_registry_gives_mc_its_balls_quantile_and_stickiness(monkeypatch):
   registry.build("mc", ctx, registry.Settings(s, mc_balls="all",
                                               mc_sticky=True))
   assert not seen["sticky"]
+
+
+def test_registry_gives_fc_its_number_of_groups(monkeypatch):
+  """`groups` reaches FC's `num_groups` (16 stays 16), and none given is
+  one group. Seen to fail when `s.groups or 1` -> `s.groups and 1`
+  (session 7's mutant #20 of `--preset experiments`: FC always in one
+  group)."""
+  seen, ctx = _captured(monkeypatch, "federated_clustering")
+  s = registry.settings(_resolve(), "fc")
+  for groups, want in ((16, 16), (None, 1)):
+    registry.build("fc", ctx, registry.Settings(s, groups=groups))
+    assert seen["num_groups"] == want
 
 
 def test_federation_sizes_allow_one_training_example():

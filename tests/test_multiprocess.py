@@ -60,7 +60,8 @@ def _run_all(commands, timeout):
 
 
 def _env(xla_flags):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags)
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=(
+      os.environ.get("XLA_FLAGS", "") + " " + xla_flags).strip())
   env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
   return env
 

@@ -46,13 +46,17 @@ def test_default_split_is_80_20_per_client():
 def test_one_size_given_completes_the_80_20_ratio():
   """Only `test_per_client=3`: 12 train examples per client; only
   `train_per_client=10`: round(10 / 4) = 2 test examples (25 per client
-  available, so neither is cut). Seen to fail with `4 / test_per_client`
-  (no test gave one size alone)."""
+  available, so neither is cut); only `train_per_client=4`: at least 1 test
+  example, not 2. Seen to fail with `4 / test_per_client` (no test gave one
+  size alone), and with the floor at 2 (`max(1, ...)` -> `max(2, ...)`,
+  session 7's mutant #64 of `--preset partitions`)."""
   kw = dict(task="none", num_clusters=2, clients_per_cluster=4)
   fed = prfl.data.federate(make_ds(), test_per_client=3, **kw)
   assert fed.data.train[1].shape == (8, 12) and fed.data.test[1].shape == (8, 3)
   fed = prfl.data.federate(make_ds(), train_per_client=10, **kw)
   assert fed.data.train[1].shape == (8, 10) and fed.data.test[1].shape == (8, 2)
+  fed = prfl.data.federate(make_ds(), train_per_client=4, **kw)
+  assert fed.data.train[1].shape == (8, 4) and fed.data.test[1].shape == (8, 1)
 
 
 def test_description_says_padded_when_only_train_or_only_test_is_ragged():
@@ -142,3 +146,31 @@ def test_a_client_short_of_the_requested_sizes_keeps_their_ratio():
   (_, y), (_, yt) = fed.data.train, fed.data.test
   np.testing.assert_array_equal((y >= 0).sum(1), [20] * 8)
   np.testing.assert_array_equal((yt >= 0).sum(1), [5] * 8)
+
+
+def test_exactly_enough_examples_per_client_are_allowed():
+  """100 examples per cluster over 4 iid clients (25 each) against 20 + 5
+  requested: every example is used, none refused; 21 + 5 is refused. Seen
+  to fail when the check refuses the edge (`len(pool) // n < sum(requested)`
+  -> `<=`, session 7's mutant #89 of `--preset partitions`)."""
+  kw = dict(task="none", num_clusters=2, clients_per_cluster=4,
+            test_per_client=5)
+  fed = prfl.data.federate(make_ds(), train_per_client=20, **kw)
+  assert fed.data.train[1].shape == (8, 20) and fed.data.test[1].shape == (8, 5)
+  with pytest.raises(ValueError, match="gives each of its 4 clients 25"):
+    prfl.data.federate(make_ds(), train_per_client=21, **kw)
+
+
+def test_a_cluster_short_of_two_examples_per_client_is_refused():
+  """Label blocks, 2 clusters of 8 clients, 200 examples of which only 10
+  carry cluster 1's labels (5-9): enough in all (32 needed), but cluster 1
+  cannot give its 8 clients 2 examples each. Seen to fail when the
+  per-cluster check divides (`n * MIN_CLIENT_EXAMPLES` -> `n /`, session 7's
+  mutant #85 of `--preset partitions`)."""
+  ds = make_ds()
+  labels = np.where(np.arange(200) < 10, 5 + np.arange(200) % 5,
+                    np.arange(200) % 5)
+  with pytest.raises(ValueError, match="cluster 1 has 10 examples, too few"):
+    prfl.data.federate(ds._replace(labels=labels.astype(np.int32)),
+                       task="label_blocks", num_clusters=2,
+                       clients_per_cluster=8)

@@ -216,7 +216,9 @@ def test_client_shardings_and_replicated_on_4_fake_devices():
 def test_layout_like_splits_client_leaves_like_the_data():
   """`train` places its state by this layout (client leaves split like the
   data, the rest replicated) so that its chunk compiles once on a mesh
-  (tests/test_multiprocess.py counts the compiles)."""
+  (tests/test_multiprocess.py counts the compiles); `place_like` places it
+  so and returns the layout. Seen to fail with `place_like` returning the
+  state unplaced."""
   mesh = sharding.client_mesh()
   n = 2 * jax.device_count()
   data = sharding.shard_clients({"x": np.ones((n, 3), np.float32)}, mesh)
@@ -227,8 +229,12 @@ def test_layout_like_splits_client_leaves_like_the_data():
   assert layout["centres"].spec == jax.sharding.PartitionSpec()
   assert layout["round"].spec == jax.sharding.PartitionSpec()
   assert layout["params"].mesh == mesh
-  placed = sharding.place(state, layout)
+  placed, same = sharding.place_like(state, data, n)  # train's one call.
+  assert same == layout
   assert placed["params"].sharding == layout["params"]
+  assert placed["round"].sharding == layout["round"]
   np.testing.assert_array_equal(placed["centres"], state["centres"])
   assert sharding.layout_like(state, {"x": np.ones((n, 3))}, n) is None
   assert sharding.layout_like(state, {"x": jnp.ones((n, 3))}, n) is None
+  unplaced, none = sharding.place_like(state, None, n)  # No mesh: as given.
+  assert none is None and unplaced is state

@@ -11,6 +11,7 @@ import optax
 import pytest
 
 import prfl_jax as prfl
+from prfl_jax.train_checks import check_examples
 from prfl_jax.train_checks import resolve_eval_every
 
 
@@ -197,6 +198,21 @@ def test_padding_rows_may_hold_nan(data):
   with pytest.raises(ValueError, match=r"clients \[0, 1, 2, 3, 4, 5\]"):
     prfl.train(_local(), jnp.zeros((6, 4)), padded._replace(
         num_examples=counts.at[:].set(4)), num_rounds=1, **_KW)
+
+
+def test_padding_rows_of_a_leaf_without_feature_axes_may_hold_nan(data):
+  """The padding mask also covers a leaf of one value per example (`y`,
+  `[N, M]`): NaN past `num_examples` there is allowed, in a real row it is
+  refused. Seen to fail when the mask reaches only leaves of 3 or more axes
+  (`np.ndim(leaf) >= 2` -> `> 2`, session 7's mutant #104 of `--preset
+  train`)."""
+  y = np.array(data.train["y"])
+  y[:, 3:] = np.nan
+  padded = data._replace(train=dict(data.train, y=jnp.asarray(y)),
+                         num_examples=jnp.full((6,), 3, jnp.int32))
+  check_examples(padded)
+  with pytest.raises(ValueError, match=r"data\.train\['y'\]. .*clients \[0,"):
+    check_examples(padded._replace(num_examples=jnp.full((6,), 4, jnp.int32)))
 
 
 def test_cohort_resume_is_checked(data):

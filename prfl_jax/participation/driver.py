@@ -89,10 +89,8 @@ def setup(alg: cohort_lib.Cohort, params, data, *, key, batch_size,
   # On a mesh the state starts and stays by its layout (as in `train`'s
   # dense path): left to XLA, the uncommitted clients' momentum came back
   # replicated and the second chunk compiled again.
-  layout = None if state_on_host else sharding.layout_like(
+  state, layout = (state, None) if state_on_host else sharding.place_like(
       state, None if on_host_data else data.train, n)
-  if layout is not None:
-    state = sharding.place(state, layout)
   if state_on_host and not isinstance(state.clients, run.HostState):
     state = cohort_lib.CohortState(
         run.HostState(run.to_host(state.clients), host_dir), state.server)
