@@ -189,6 +189,9 @@ COMMITTED = {
                             "--mc-warmup", "0", "--no-mc-seed-average"]),
     "momentum_clustering/default_fashion_private_label": (
         "mnist", "paper", ["--tasks", "private_label", "--algorithms", "mc"]),
+    "momentum_clustering/probe_fashion_private_label": (
+        "mnist", "paper", ["--tasks", "private_label", "--rounds", "30",
+                           "--eval-every", "1", "--algorithms", "mc"]),
     "momentum_clustering/default_synthetic": (
         "momentum_variants", "synthetic",
         ["--variants", "paper,default,assigned_stable_warm,myopic,oracle"]),
