@@ -192,6 +192,8 @@ COMMITTED = {
     "momentum_clustering/probe_fashion_private_label": (
         "mnist", "paper", ["--tasks", "private_label", "--rounds", "30",
                            "--eval-every", "1", "--algorithms", "mc"]),
+    "momentum_clustering/warmup5_fashion_table1": (
+        "mnist", "paper", ["--algorithms", "mc", "--mc-warmup", "5"]),
     "momentum_clustering/default_synthetic": (
         "momentum_variants", "synthetic",
         ["--variants", "paper,default,assigned_stable_warm,myopic,oracle"]),
