@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import prfl_jax as prfl
+from prfl_jax.data import partition as partition_lib
 from tests.test_data_partition import ids
 from tests.test_data_partition import make_ds
 
@@ -174,3 +175,91 @@ def test_a_cluster_short_of_two_examples_per_client_is_refused():
     prfl.data.federate(ds._replace(labels=labels.astype(np.int32)),
                        task="label_blocks", num_clusters=2,
                        clients_per_cluster=8)
+
+
+# Session 7: the survivors of an exhaustive run of `--preset partitions`'s
+# operator mutants not sampled before (tools/README.md, "Session 7").
+
+
+@pytest.mark.parametrize("alpha", [0.0, -1.0, float("nan")])
+def test_a_dirichlet_alpha_that_is_not_positive_and_finite_is_refused(alpha):
+  """alpha = 0 is refused, not only alpha < 0; so are -1 and NaN, by
+  `federate` and by the partitioner. `federate`'s own check is backed by
+  `dirichlet_partition`'s, which raises the same message: mutants of the
+  first alone (#30, #33 of session 7) still raise it, so they survive this
+  test as equivalent (tools/README.md)."""
+  with pytest.raises(ValueError, match="`alpha` must be a finite number > 0"):
+    prfl.data.federate(make_ds(), task="none", num_clusters=2,
+                       clients_per_cluster=4, partition="dirichlet",
+                       alpha=alpha)
+  with pytest.raises(ValueError, match="`alpha` must be a finite number > 0"):
+    prfl.data.partitioners.dirichlet_partition(np.arange(20) % 2, 4, alpha)
+
+
+def test_images_without_a_channel_axis_are_refused():
+  """Images [M, H, W] (labels of the right length) name `ds`'s shapes.
+  Seen to fail with the shape check's `or` made `and` (#11)."""
+  ds = make_ds()
+  ds = prfl.data.ArrayDataset(images=ds.images[..., 0], labels=ds.labels,
+                              num_classes=10, source="test")
+  with pytest.raises(ValueError, match=r"images \[M, H, W, C\]"):
+    prfl.data.federate(ds, task="none", num_clusters=2, clients_per_cluster=4)
+
+
+def test_description_counts_every_example_used():
+  """8 clients x (20 train + 5 test) = all 200 examples. Seen to fail with
+  `train + test` -> `train - test` (#106) and either sum -> mean (#107,
+  #108)."""
+  fed = prfl.data.federate(make_ds(), task="none", num_clusters=2,
+                           clients_per_cluster=4)
+  assert "200 of 200 examples used" in fed.description
+
+
+def test_only_train_per_client_gives_a_quarter_of_it_as_test():
+  """`train_per_client=20` alone: round(20 / 4) = 5 test examples (25 per
+  client available). Seen to fail with `/ 4` -> `/ 5` (#66: 4)."""
+  fed = prfl.data.federate(make_ds(), task="none", num_clusters=2,
+                           clients_per_cluster=4, train_per_client=20)
+  assert fed.data.train[1].shape == (8, 20) and fed.data.test[1].shape == (8, 5)
+
+
+def test_split_keeps_one_train_and_one_test_example_on_a_short_client():
+  """2 examples against (1, 100) requested: the ratio gives 2 test, capped
+  at size - 1 = 1 so one is left to train on; with the default 20%, 3 and 4
+  examples keep 1 test example (round(0.6), round(0.8)). Seen to fail with
+  the cap at `size + 1` (#77: (0, 2)) and the floor `max(test, 1)` at 2
+  (#76: (1, 2) and (2, 2))."""
+  assert partition_lib._split_sizes(2, (1, 100)) == (1, 1)
+  assert partition_lib._split_sizes(3, None) == (2, 1)
+  assert partition_lib._split_sizes(4, None) == (3, 1)
+
+
+def test_as_many_clients_as_examples_and_a_zero_minimum_are_allowed():
+  """4 examples over 4 clients: iid gives one each; Dirichlet with
+  `min_partition_size=0` is allowed and uses every example once. Seen to
+  fail with `num_clients > len` -> `>=` (#122) and the minimum's floor 0 ->
+  1 (#128)."""
+  labels = np.array([0, 1, 0, 1])
+  parts = prfl.data.partitioners.iid_partition(labels, 4)
+  assert sorted(len(p) for p in parts) == [1, 1, 1, 1]
+  parts = prfl.data.partitioners.dirichlet_partition(
+      labels, 4, 1.0, min_partition_size=0)
+  np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(4))
+
+
+def test_a_dirichlet_minimum_the_data_cannot_meet_is_refused_up_front():
+  """4 clients x at least 3 examples > 10 examples: refused before any draw,
+  naming `min_partition_size`. Seen to fail with `num_clients *
+  min_partition_size` -> `/` (#130)."""
+  with pytest.raises(ValueError, match="`min_partition_size` 3 is more than"):
+    prfl.data.partitioners.dirichlet_partition(np.arange(10) % 2, 4, 1.0,
+                                               min_partition_size=3)
+
+
+def test_label_block_gives_integer_cluster_ids():
+  """10 classes over 2 clusters: labels 0-4 -> 0, 5-9 -> 1, as integers (the
+  ids index clusters). Seen to fail with `num_classes // num_clusters` ->
+  `/` (#8: the same values as floats)."""
+  owner = partition_lib.label_block(np.arange(10), 2, 10)
+  assert np.issubdtype(owner.dtype, np.integer)
+  np.testing.assert_array_equal(owner, [0] * 5 + [1] * 5)
