@@ -269,8 +269,8 @@ def test_check_target_refuses_another_structure_with_the_same_leaf_paths():
   tuple has the same leaf paths (`[0]`, `[1]`), shapes and dtypes, but
   another tree structure: refused, naming both structures. Seen to fail when
   the structure check needs both the paths and the structure to differ
-  (`keys != keys or treedef != treedef` -> `and`, session 8's run of
-  `--preset train`, mutant #167)."""
+  (`keys != keys or treedef != treedef` -> `and`, mutant #167 of the whole
+  `--preset train` run that session 7 started)."""
   state = _state(1)
   target = state._replace(opt_state=list(state.opt_state))
   assert ([leaf["path"] for leaf in checkpoint.describe(target)["leaves"]] ==
