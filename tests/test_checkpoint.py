@@ -194,6 +194,16 @@ def test_saving_an_earlier_round_replaces_its_future(saved):
   _assert_equal(checkpoint.restore(saved, _state(0)), _state(8))
 
 
+def test_save_with_keep_one_keeps_only_the_newest_round(tmp_path):
+  """`keep=1` (the smallest allowed) leaves only the newest round, which
+  restores. Seen to fail when 1 is refused (`keep < 1` -> `keep <= 1`,
+  mutant #150 of session 8's whole `--preset train` run)."""
+  for r in (2, 5):
+    checkpoint.save(tmp_path, _state(r), keep=1)
+  assert checkpoint.rounds(tmp_path) == [5]
+  _assert_equal(checkpoint.restore(tmp_path, _state(0)), _state(5))
+
+
 def test_save_argument_checks(tmp_path):
   with pytest.raises(ValueError, match="`keep`"):
     checkpoint.save(tmp_path / "a", _state(1), keep=0)
