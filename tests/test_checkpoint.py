@@ -204,6 +204,18 @@ def test_save_with_keep_one_keeps_only_the_newest_round(tmp_path):
   _assert_equal(checkpoint.restore(tmp_path, _state(0)), _state(5))
 
 
+def test_a_leftover_that_cannot_be_removed_does_not_stop_a_save(tmp_path):
+  """Half-written steps are removed as far as possible: a leftover that
+  cannot be (here a plain file under orbax's temporary name, which rmtree
+  refuses) stays, and the round is saved and restores. Seen to fail when the
+  removal's errors are raised (`rmtree(..., ignore_errors=True)` -> `False`,
+  mutant #147 of session 8's whole `--preset train` run)."""
+  (tmp_path / "3.orbax-checkpoint-tmp-1").write_text("")
+  checkpoint.save(tmp_path, _state(5))
+  assert checkpoint.rounds(tmp_path) == [5]
+  _assert_equal(checkpoint.restore(tmp_path, _state(0)), _state(5))
+
+
 def test_save_argument_checks(tmp_path):
   with pytest.raises(ValueError, match="`keep`"):
     checkpoint.save(tmp_path / "a", _state(1), keep=0)
@@ -232,6 +244,20 @@ def test_describe_value_names_a_cycle_once():
   loop = [1.0]
   loop.append(loop)
   assert run_lib.describe_value(loop) == [1.0, {"type": "builtins.list"}]
+
+
+def test_describe_value_names_values_deeper_than_eight_levels_by_type():
+  """Nine nested lists: the eight outer ones are described, the ninth (depth
+  8) only by its type. Seen to fail when the depth limit lets one more level
+  through (`depth >= _MAX_DEPTH` -> `>`, mutant #187 of session 8's whole
+  `--preset train` run)."""
+  value = [1.0]
+  for _ in range(8):
+    value = [value]
+  want = {"type": "builtins.list"}
+  for _ in range(8):
+    want = [want]
+  assert run_lib.describe_value(value) == want
 
 
 def test_describe_value_gives_a_dataclass_instance_its_fields():
