@@ -1,6 +1,7 @@
 """Tests of prfl_jax.checkpoint: orbax steps, checksums, fall-back, targets."""
 
 import dataclasses
+import hashlib
 import json
 import os
 import pathlib
@@ -258,6 +259,20 @@ def test_describe_value_names_values_deeper_than_eight_levels_by_type():
   for _ in range(8):
     want = [want]
   assert run_lib.describe_value(value) == want
+
+
+def test_describe_value_hashes_arrays_up_to_the_size_limit_inclusive(
+    monkeypatch):
+  """An array of exactly `_MAX_HASH_BYTES` (set to 16 here) is described
+  with its SHA-256, a larger one by dtype and shape alone. Seen to fail when
+  the limit is exclusive (`nbytes <= _MAX_HASH_BYTES` -> `<`, mutant #181 of
+  session 8's whole `--preset train` run)."""
+  monkeypatch.setattr(run_lib, "_MAX_HASH_BYTES", 16)
+  at_limit = run_lib.describe_value(np.arange(4, dtype=np.float32))
+  assert at_limit["array"]["sha256"] == hashlib.sha256(
+      np.arange(4, dtype=np.float32).tobytes()).hexdigest()
+  over = run_lib.describe_value(np.arange(5, dtype=np.float32))
+  assert over == {"array": {"dtype": "float32", "shape": [5]}}
 
 
 def test_describe_value_gives_a_dataclass_instance_its_fields():

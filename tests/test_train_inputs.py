@@ -259,13 +259,15 @@ def test_cohort_checkpoint_records_the_run(data, tmp_path):
                                 [24, 26, 28, 30])
 
 
-@pytest.mark.parametrize("clusters", [[0, 1, -1, 1], [-2, -1]])
+@pytest.mark.parametrize("clusters", [[0, 1, -1, 1], [-2, -1], [0.0, 1.0]])
 def test_a_negative_cluster_id_is_refused_whatever_the_largest(clusters):
-  """Cluster ids must all be >= 0: one -1 beside non-negative ids is refused
-  as well as all-negative ids, and ids from 0 (or none) are accepted. Seen to
-  fail when the check reads the largest id (`clusters.min() >= 0` ->
-  `clusters.max() >= 0`, session 7's mutant #90 of `--preset train`, which
-  `test_train.py` kills but is not among `train_checks.py`'s test files)."""
+  """Cluster ids must all be integers >= 0: one -1 beside non-negative ids is
+  refused as well as all-negative ids and float ids, and ids from 0 (or none)
+  are accepted. Seen to fail when the check reads the largest id
+  (`clusters.min() >= 0` -> `clusters.max() >= 0`, session 7's mutant #90 of
+  `--preset train`, which `test_train.py` kills but is not among
+  `train_checks.py`'s test files) or takes either condition (`integer and
+  non-negative` -> `or`, #85: float ids went through)."""
   with pytest.raises(ValueError, match="non-negative integer cluster ids"):
     check_clusters(np.array(clusters))
   check_clusters(np.array([0, 2, 1]))
