@@ -302,6 +302,21 @@ def test_check_same_run_names_eight_differences_and_counts_the_rest():
     run_lib.check_same_run(saved, now, "ckpt")
 
 
+def test_differences_name_a_setting_only_one_run_has():
+  """A setting recorded by one run only (an option added, or dropped) is a
+  difference, whichever side has it. Seen to fail when only the settings
+  both runs have are compared (`a.keys() | b.keys()` -> `&`, mutant #201 of
+  session 8's whole `--preset train` run)."""
+  saved = {"lr": 0.1, "plan": {"chunk": 4}}
+  now = {"lr": 0.1, "plan": {"chunk": 4, "kernel": "gram"}, "groups": [2]}
+  assert run_lib.differences(saved, now) == [
+      "groups[0]: saved '(absent)', now 2",
+      "plan.kernel: saved '(absent)', now 'gram'"]
+  assert run_lib.differences(now, saved) == [
+      "groups[0]: saved 2, now '(absent)'",
+      "plan.kernel: saved 'gram', now '(absent)'"]
+
+
 def test_check_same_run_names_exactly_eight_differences_without_a_count():
   """Eight settings differ: all eight are named and no "(8 in all)" count
   follows (there is no rest). Seen to fail when the count is added from
