@@ -302,6 +302,22 @@ def test_check_same_run_names_eight_differences_and_counts_the_rest():
     run_lib.check_same_run(saved, now, "ckpt")
 
 
+def test_describe_run_records_the_counts_only_when_given():
+  """Counts of real examples per client are part of a run (they decide which
+  rows its batches draw): recorded when given, so other counts are a
+  difference, and left out when every row is real. Seen to fail when the
+  test is inverted (`counts is not None` -> `is None`, mutant #198 of
+  session 8's whole `--preset train` run: counts were never recorded)."""
+  alg = prfl.algorithms.local(LOSS, optax.sgd(1e-2))
+  kw = dict(key=jax.random.key(0), batch_size=2,
+            train={"x": np.zeros((2, 3, 1), np.float32)})
+  assert "counts" not in checkpoint.describe_run(alg, **kw)
+  two = checkpoint.describe_run(alg, counts=np.array([3, 2]), **kw)
+  three = checkpoint.describe_run(alg, counts=np.array([3, 3]), **kw)
+  assert two["counts"]["array"]["shape"] == [2]
+  assert run_lib.differences(two, three)
+
+
 def test_differences_name_a_setting_only_one_run_has():
   """A setting recorded by one run only (an option added, or dropped) is a
   difference, whichever side has it. Seen to fail when only the settings
