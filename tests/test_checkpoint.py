@@ -249,3 +249,32 @@ def test_check_same_run_names_eight_differences_and_counts_the_rest():
   with pytest.raises(ValueError,
                      match=r"s7: saved 7, now 8; \.\.\. \(9 in all\)"):
     run_lib.check_same_run(saved, now, "ckpt")
+
+
+def test_check_same_run_names_exactly_eight_differences_without_a_count():
+  """Eight settings differ: all eight are named and no "(8 in all)" count
+  follows (there is no rest). Seen to fail when the count is added from
+  eight on (`len(diffs) > 8` -> `>= 8`, session 7's mutant #206 of `--preset
+  train`, run whole in session 8)."""
+  saved = {f"s{i}": i for i in range(8)}
+  now = {f"s{i}": i + 1 for i in range(8)}
+  with pytest.raises(ValueError) as e:
+    run_lib.check_same_run(saved, now, "ckpt")
+  assert "s7: saved 7, now 8. Resume" in str(e.value)
+  assert "in all" not in str(e.value)
+
+
+def test_check_target_refuses_another_structure_with_the_same_leaf_paths():
+  """A target whose optimizer state is a list where the checkpoint's is a
+  tuple has the same leaf paths (`[0]`, `[1]`), shapes and dtypes, but
+  another tree structure: refused, naming both structures. Seen to fail when
+  the structure check needs both the paths and the structure to differ
+  (`keys != keys or treedef != treedef` -> `and`, mutant #167 of the whole
+  `--preset train` run that session 7 started)."""
+  state = _state(1)
+  target = state._replace(opt_state=list(state.opt_state))
+  assert ([leaf["path"] for leaf in checkpoint.describe(target)["leaves"]] ==
+          [leaf["path"] for leaf in checkpoint.describe(state)["leaves"]])
+  with pytest.raises(ValueError, match="another tree structure"):
+    checkpoint.check_target(checkpoint.describe(state), target, "ckpt")
+  checkpoint.check_target(checkpoint.describe(state), state, "ckpt")

@@ -130,14 +130,27 @@ def test_full_disk_is_an_oserror_and_keeps_earlier_rounds(tmp_path,
   assert int(checkpoint.restore(tmp_path, state).round) == 6
 
 
+def _raised_from(cause):
+  """An error raised `from cause` outside any handler: `cause` is its
+  `__cause__` and it has no `__context__`; its own text is not a full disk."""
+  error = ValueError("orbax: the write of a tensor failed")
+  error.__cause__ = cause
+  return error
+
+
 @pytest.mark.parametrize("error, full", [
     (ValueError("orbax: a tensor could not be serialised"), False),
     (PermissionError(errno.EACCES, "Permission denied"), False),
     (OSError(errno.EDQUOT, "Disk quota exceeded"), True),
+    (_raised_from(OSError(errno.ENOSPC, "write failed")), True),
 ])
 def test_only_a_full_disk_becomes_enospc(tmp_path, monkeypatch, error, full):
   """A save that fails for another reason raises that error as it came; a
-  full quota (EDQUOT, whatever its text) is the full-disk OSError(ENOSPC).
+  full quota (EDQUOT, whatever its text) is the full-disk OSError(ENOSPC), and
+  so is an error raised from a full disk (`raise ... from`: a `__cause__` and
+  no `__context__`; session 8: seen to fail when the chain is followed only
+  through errors that have both, `__cause__ or __context__` -> `and`, train
+  #140).
   Seen to fail when the full-disk test inverts its text check
   (`"os_error_code='28'" not in text`: every error read as a full disk) or
   its errno check (`errno not in (ENOSPC, EDQUOT)`): session 5's sample,

@@ -11,6 +11,7 @@ import optax
 import pytest
 
 import prfl_jax as prfl
+from prfl_jax.train_checks import check_clusters
 from prfl_jax.train_checks import check_examples
 from prfl_jax.train_checks import resolve_eval_every
 
@@ -255,3 +256,16 @@ def test_cohort_checkpoint_records_the_run(data, tmp_path):
                        initial_state=state, checkpoint_path=path, **_KW)
   np.testing.assert_array_equal(resumed.history["eval_round"],
                                 [24, 26, 28, 30])
+
+
+@pytest.mark.parametrize("clusters", [[0, 1, -1, 1], [-2, -1]])
+def test_a_negative_cluster_id_is_refused_whatever_the_largest(clusters):
+  """Cluster ids must all be >= 0: one -1 beside non-negative ids is refused
+  as well as all-negative ids, and ids from 0 (or none) are accepted. Seen to
+  fail when the check reads the largest id (`clusters.min() >= 0` ->
+  `clusters.max() >= 0`, session 7's mutant #90 of `--preset train`, which
+  `test_train.py` kills but is not among `train_checks.py`'s test files)."""
+  with pytest.raises(ValueError, match="non-negative integer cluster ids"):
+    check_clusters(np.array(clusters))
+  check_clusters(np.array([0, 2, 1]))
+  check_clusters(np.zeros(0, np.int32))
