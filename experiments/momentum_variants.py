@@ -40,6 +40,7 @@ from experiments.options import group, option
 
 FREEZE = "--freeze-after"  # Stand for the options' values.
 STABLE = "--stable-rounds"
+WARMUP = "--warmup-rounds"
 # Every variant spells out all of the open choices, so that a committed run
 # keeps its meaning when the library's default changes. "paper" is
 # Algorithm 3 as written; "default" is the library's default before 27
@@ -50,7 +51,7 @@ _ASSIGNED = {**_PAPER, "balls": "assigned"}
 _STICKY = {**_ASSIGNED, "sticky": True}
 VARIANTS = {
     "paper": _PAPER,
-    "paper_warmup": {**_PAPER, "warmup_rounds": 10},
+    "paper_warmup": {**_PAPER, "warmup_rounds": WARMUP},
     "paper_reseed": {**_PAPER, "reseed": True},
     "paper_bias": {**_PAPER, "bias_correction": True},
     "assigned": _ASSIGNED,
@@ -63,10 +64,10 @@ VARIANTS = {
     # No client changes centre once none has for --stable-rounds rounds.
     "assigned_stable": {**_ASSIGNED, "freeze_when_stable": STABLE},
     "default_stable": {**_STICKY, "freeze_when_stable": STABLE},
-    # ... after 10 rounds of own steps, the clients of a centre then taking
-    # its mean model.
+    # ... after --warmup-rounds rounds of own steps, the clients of a centre
+    # then taking its mean model.
     "assigned_stable_warm": {**_ASSIGNED, "freeze_when_stable": STABLE,
-                             "warmup_rounds": 10, "seed_average": True},
+                             "warmup_rounds": WARMUP, "seed_average": True},
 }
 BASELINES = ("myopic", "oracle")
 CURVES = ("num_active_clusters", "distinct_centers", "ari", "nmi", "purity",
@@ -105,6 +106,9 @@ class Config:
   stable_rounds: int = option(
       5, "the '_stable' variants: no client changes centre once none has "
       "for this many consecutive rounds", low=1)
+  warmup_rounds: int = option(
+      10, "the '_warm' and '_warmup' variants: rounds of own-momentum steps "
+      "before the centres are seeded", low=1)
 
 
 def resolve(cfg: Config) -> Config:
@@ -165,7 +169,8 @@ def build(name, cfg: Config, loss_fn, truth, lr, momentum):
         num_clusters=cfg.federation.clusters,
         radius=prfl.quantile_radius(cfg.clustering.quantile), method="gram",
         true_clusters=truth)
-  values = {FREEZE: cfg.freeze_after, STABLE: cfg.stable_rounds}
+  values = {FREEZE: cfg.freeze_after, STABLE: cfg.stable_rounds,
+            WARMUP: cfg.warmup_rounds}
   kw = {k: values.get(v, v) if isinstance(v, str) else v
         for k, v in VARIANTS[name].items()}
   q = (cfg.clustering.quantile if kw.get("balls") == "all" else

@@ -430,6 +430,19 @@ def test_stable_share_freezes_although_one_client_keeps_moving():
         stable_share=1.0)
 
 
+def test_stable_share_without_the_stable_freeze_raises():
+  """A share has no meaning without `freeze_when_stable`; it used to be
+  silently ignored. Seen to fail when the check was dropped (the
+  factory then returned an algorithm that never freezes)."""
+  with pytest.raises(ValueError, match="stable_share=0.1.*freeze_when_stable"):
+    prfl.algorithms.momentum_clustering(
+        shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=1.0,
+        freeze_when_stable=None, stable_share=0.1)
+  prfl.algorithms.momentum_clustering(  # The default share, 0, is fine.
+      shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=1.0,
+      freeze_when_stable=None)
+
+
 def test_seed_average_gives_every_client_its_centres_mean_model():
   """One warm-up round, then seeding with `seed_average`; alpha 1, radius 5,
   lr 0.1, optima 0, 2, 10, 12. Own steps: x = 0, 0.2, 1, 1.2. Seeding:

@@ -214,7 +214,8 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
     stable_share: with `freeze_when_stable`, a round counts as still when
       at most `floor(stable_share * N)` clients changed centre, in [0, 1);
       0 (no move at all) by default. For federations where a few clients
-      never stop moving on minibatch noise (module docstring).
+      never stop moving on minibatch noise (module docstring). Nonzero
+      needs `freeze_when_stable`.
     true_clusters: optional concrete `[N]` true cluster ids, known to the
       experimenter only: the step then also reports the diagnostics that
       need them (`prfl_jax.diagnostics.rounds`).
@@ -264,6 +265,10 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
   if not 0.0 <= float(stable_share) < 1.0:
     raise ValueError(f"`stable_share` must be in [0, 1), got "
                      f"{stable_share!r}.")
+  if stable_share and freeze_when_stable is None:
+    raise ValueError(f"`stable_share={stable_share!r}` needs "
+                     "`freeze_when_stable` (it says when a round counts as "
+                     "still for that freeze); got freeze_when_stable=None.")
   truth = diagnostics.check_true_clusters(true_clusters)
   k = num_clusters
 
