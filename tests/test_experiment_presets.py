@@ -42,6 +42,36 @@ _FASHION_FC = ["--tasks", "rotation", "--algorithms", "fc,oracle", "--rounds",
 # these flags ran.
 _MC_STICKY = ["--mc-sticky", "--mc-warmup", "0", "--no-mc-seed-average",
               "--mc-freeze-stable", "auto"]
+_SEEDS = "momentum_clustering/warmup_seeds/"
+
+
+def _warmup_seeds() -> dict:
+  """Momentum-Clustering's warm-up of 5 against 10 rounds over seeds
+  (session 8); seed 0 at 10 is default_synthetic and default_digits_table1,
+  at 5 on Fashion-MNIST warmup5_fashion_table1."""
+  runs = {}
+  for seed in range(5):
+    for w in (5, 10):
+      variants = "assigned_stable_warm" + (",myopic" if w == 5 else "")
+      runs[f"{_SEEDS}synthetic_s{seed}_w{w}"] = (
+          "momentum_variants", "synthetic",
+          ["--variants", variants, "--warmup-rounds", str(w), "--seed",
+           str(seed)])
+      if seed < 4:
+        runs[f"{_SEEDS}digits_s{seed}_w{w}"] = (
+            "mnist", "digits", ["--algorithms", "mc,myopic" if w == 5 else
+                                "mc", "--mc-warmup", str(w), "--seed",
+                                str(seed)])
+  del runs[f"{_SEEDS}synthetic_s0_w10"], runs[f"{_SEEDS}digits_s0_w10"]
+  runs[f"{_SEEDS}fashion_s1_w5"] = (
+      "mnist", "paper", ["--algorithms", "mc", "--mc-warmup", "5", "--seed",
+                         "1"])
+  runs[f"{_SEEDS}fashion_s1_w10"] = (
+      "mnist", "paper", ["--tasks", "private_label", "--algorithms", "mc",
+                         "--mc-warmup", "10", "--seed", "1"])
+  return runs
+
+
 # Results directory -> (experiment, preset, flags typed after it).
 COMMITTED = {
     "mnist/digits": ("mnist", "digits", []),
@@ -201,6 +231,7 @@ COMMITTED = {
         "mnist", "digits", ["--algorithms", "mc", "--no-mc-sticky",
                             "--mc-freeze-stable", "5", "--mc-warmup", "10",
                             "--no-mc-seed-average"]),
+    **_warmup_seeds(),
 }
 # The names of the runs before the options layer, per experiment.
 _COMMON = {"num_clusters": "clusters", "num_rounds": "rounds",
