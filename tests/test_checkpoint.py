@@ -199,6 +199,33 @@ def test_saving_an_earlier_round_replaces_its_future(saved):
   _assert_equal(checkpoint.restore(saved, _state(0)), _state(8))
 
 
+@pytest.mark.parametrize("change", [dict(format="prfl_jax.checkpoint/0"),
+                                    dict(files=[])])
+def test_a_manifest_of_another_format_or_without_a_file_table_is_refused(
+    saved, change):
+  """A manifest whose format is not this version's (its files intact), or
+  whose file table is not a table, is not valid: round 9 is skipped. Seen to
+  fail when both must be wrong (`format != FORMAT or not isinstance(files,
+  dict)` -> `and`, mutant #220 of session 8's whole `--preset train` run)."""
+  path = saved / "9" / checkpoint.MANIFEST
+  path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
+  with pytest.raises(checkpoint.CheckpointError,
+                     match=f"'{path}' is not a valid checkpoint manifest"):
+    checkpoint.restore(saved, _state(0), at_round=9)
+
+
+def test_a_relative_directory_is_saved_and_named_absolute(tmp_path,
+                                                          monkeypatch):
+  """`save("ckpt", ...)` from another working directory writes under it and
+  returns the round's absolute path, which `restore("ckpt")` reads. Seen to
+  fail when local paths are left relative (`'://' not in directory` -> `in`,
+  mutant #125 of session 8's whole `--preset train` run)."""
+  monkeypatch.chdir(tmp_path)
+  got = checkpoint.save("ckpt", _state(4))
+  assert got == os.fspath(tmp_path / "ckpt" / "4")
+  _assert_equal(checkpoint.restore("ckpt", _state(0)), _state(4))
+
+
 def test_save_with_keep_one_keeps_only_the_newest_round(tmp_path):
   """`keep=1` (the smallest allowed) leaves only the newest round, which
   restores. Seen to fail when 1 is refused (`keep < 1` -> `keep <= 1`,
