@@ -306,6 +306,16 @@ def test_describe_value_hashes_arrays_up_to_the_size_limit_inclusive(
   assert over == {"array": {"dtype": "float32", "shape": [5]}}
 
 
+def test_describe_value_does_not_hash_an_array_over_64_mib():
+  """The hash limit is 64 MiB: an array 4 bytes over it (all zeros, so
+  cheap) is described by dtype and shape alone. Seen to fail when the limit
+  doubles (`1 << 26` -> `2 << 26`, mutant #179 of session 8's whole
+  `--preset train` run)."""
+  over = np.zeros((1 << 24) + 1, np.float32)
+  assert run_lib.describe_value(over) == {
+      "array": {"dtype": "float32", "shape": [(1 << 24) + 1]}}
+
+
 def test_describe_value_gives_a_dataclass_instance_its_fields():
   """An instance is described by its fields (two settings differ), a
   dataclass itself only by its type. Seen to fail when the instance check
