@@ -167,7 +167,7 @@ class Baselines:
       False, "Momentum-Clustering with mc_balls='assigned': clients stay "
       "with their centre while inside its ball")
   mc_warmup: int = option(
-      10, "Momentum-Clustering: rounds of own-momentum steps before the "
+      5, "Momentum-Clustering: rounds of own-momentum steps before the "
       "centres are seeded", low=0)
   mc_seed_average: bool = option(
       True, "Momentum-Clustering: at seeding, clients take their centre's "
