@@ -215,3 +215,31 @@ def test_float32_matmuls_turns_every_tf32_switch_off_and_restores_it():
   assert read() == ("ieee", "ieee", False, False, "highest")
   assert (conv.fp32_precision, torch.backends.cudnn.allow_tf32,
           torch.backends.cuda.matmul.allow_tf32) == before
+
+
+def test_check_centres_gpus_float64_clustering_is_the_librarys():
+  """`check_centres_gpu` explains GPU centre differences by re-running
+  Algorithm 2 in float64 on each gradient source, so its clustering must be
+  the library's: 6 points in the plane (two groups and an outlier), centre
+  started at point 0, quantile 0.4, 3 steps, against `threshold_clustering`;
+  its recorded balls and edge margin by hand for the first step (distances
+  from point 0: 0, 1, 1, 10, 10, 30; tau = quantile 0.4 = 1, so the ball is
+  points 0-2; point 0 itself, at distance 0, is 1 from the edge: margin
+  at most 1 over the steps).
+  Seen to fail with the update's `(n - inside.sum()) * v` replaced by
+  `(n - 1) * v`, and with `d <= tau` replaced by `d < tau`."""
+  pytest.importorskip("torch")
+  from benchmarks import check_centres_gpu  # pylint: disable=g-import-not-at-top
+  z = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [10.0, 0.0],
+                [0.0, 10.0], [30.0, 0.0]])
+  v, balls, margin = check_centres_gpu.threshold_clustering_f64(z, 0, 0.4, 3)
+  want = prfl.threshold_clustering(
+      jax.numpy.asarray(z, jax.numpy.float32), jax.numpy.asarray(z[:1]),
+      radius=prfl.quantile_radius(0.4), num_iters=3)
+  np.testing.assert_allclose(v, np.asarray(want)[0], rtol=1e-6)
+  np.testing.assert_array_equal(balls[0], [1, 1, 1, 0, 0, 0])
+  assert 0 < margin <= 1.0 + 1e-12
+  # The first step by hand: v1 = (sum of points 0-2 + 3 * v0) / 6.
+  v1 = (z[:3].sum(0) + 3 * z[0]) / 6
+  v_one, _, _ = check_centres_gpu.threshold_clustering_f64(z, 0, 0.4, 1)
+  np.testing.assert_allclose(v_one, v1, rtol=1e-12)

@@ -22,6 +22,7 @@ import pytest
 
 import prfl_jax as prfl
 from prfl_jax import checkpoint
+from prfl_jax.checkpoint import store
 
 LOSS = prfl.data.regression_loss
 
@@ -217,3 +218,32 @@ def test_resume_after_falling_back_from_a_corrupt_round_rewrites_it(
   np.testing.assert_allclose(resumed.state.params, whole.state.params,
                              rtol=1e-6)
   checkpoint.verify(tmp_path / "6")
+
+
+class _TwoProcesses:
+  """`jax` as seen by `checkpoint.store` on process 0 of a 2-process run."""
+
+  def __getattr__(self, name):
+    return getattr(jax, name)
+
+  @staticmethod
+  def process_count():
+    return 2
+
+
+@pytest.mark.parametrize("processes, synced", [(1, []), (2, ["save_3"])])
+def test_save_waits_for_every_process_only_in_a_multi_process_run(
+    tmp_path, monkeypatch, processes, synced):
+  """After writing a round, `save` waits for every process at a barrier
+  named after the round when there are several processes (so none reads a
+  round another is still writing), and never on one process. Seen to fail
+  when the barrier needs more than 2 processes (`process_count() > 1` ->
+  `> 2`, mutant #165 of session 8's whole `--preset train` run)."""
+  barriers = []
+  if processes == 2:
+    monkeypatch.setattr(store, "jax", _TwoProcesses())
+  monkeypatch.setattr(store.multihost_utils, "sync_global_devices",
+                      lambda name: barriers.append(name))
+  state = prfl.algorithms.local(LOSS, optax.sgd(1e-2)).init(jnp.zeros((2, 3)))
+  checkpoint.save(tmp_path, state._replace(round=jnp.int32(3)))
+  assert [b.replace("prfl_checkpoint_", "") for b in barriers] == synced

@@ -53,7 +53,10 @@ def test_two_devices_train_the_clients_of_one_device():
   (`in_specs=(spec, PartitionSpec())`) and when it returns one device's
   clients only (`out_specs=PartitionSpec()`).
   """
-  env = dict(os.environ, XLA_FLAGS=(
+  # The child runs on the CPU platform wherever the suite runs: on a
+  # one-GPU machine its default devices would be that one GPU (an H200 run
+  # read 1 device), and the flag below makes CPU devices only.
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=(
       os.environ.get("XLA_FLAGS", "") +
       " --xla_force_host_platform_device_count=2").strip())
   run = subprocess.run([sys.executable, "-c", _CHILD], env=env, check=True,

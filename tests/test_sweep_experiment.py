@@ -15,6 +15,7 @@ import pytest
 
 from experiments import cli
 from experiments import sweep
+from tests import tolerances
 
 
 def _cfg(argv):
@@ -85,5 +86,9 @@ def test_smoke_grid_is_one_program_per_task_and_one_table(tmp_path):
                       "--progress", "off", "--no-tensorboard"])
   (one,) = alone["rotation"]["fc"]
   assert one["point"] == rows[3]["point"] == {"lr": 0.1, "quantile": 0.2}
-  assert one["accuracy"] == rows[3]["accuracy"]
-  np.testing.assert_allclose(one["loss"], rows[3]["loss"], rtol=1e-6)
+  # Accuracies are counts over the same examples: equal up to the float
+  # division's rounding (an H200 read 0.09166668 against 0.09166667); one
+  # example more or fewer is 8e-3 away.
+  np.testing.assert_allclose(one["accuracy"], rows[3]["accuracy"], rtol=1e-6)
+  np.testing.assert_allclose(one["loss"], rows[3]["loss"],
+                             **tolerances.model(rtol=1e-6))
