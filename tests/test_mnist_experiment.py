@@ -109,6 +109,10 @@ def test_same_seed_same_numbers(tmp_path):
     (["--per-algorithm", "ifca.ditto_lambda=2"], "does not read"),
     (["--per-algorithm", "myopic.rounds=5", "--algorithms", "fc"],
      "does not train"),
+    (["--algorithms", "mc", "--mc-stable-share", "0.1", "--mc-freeze-stable",
+      "auto"], "--mc-stable-share"),
+    (["--algorithms", "mc", "--mc-stable-share", "0.1", "--mc-balls", "all"],
+     "--mc-stable-share"),
 ])
 def test_bad_options_fail_before_loading_data(argv, message, tmp_path,
                                               capsys, monkeypatch):
