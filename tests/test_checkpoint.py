@@ -1,6 +1,7 @@
 """Tests of prfl_jax.checkpoint: orbax steps, checksums, fall-back, targets."""
 
 import dataclasses
+import hashlib
 import json
 import os
 import pathlib
@@ -106,11 +107,15 @@ def test_flipped_byte_in_an_array_is_found_and_the_previous_round_restored(
 
 
 def test_edited_metadata_is_found(saved):
-  """Metadata edited to claim float16 is caught by its checksum."""
+  """Metadata edited to claim float16 is caught by its checksum; the warning
+  points at the line that called `restore` (here, this file). Seen to fail
+  when it points one frame higher (`stacklevel=2` -> `3`, mutant #177 of
+  session 8's whole `--preset train` run: pytest's own code was named)."""
   meta = saved / "9" / "meta" / "metadata"
   meta.write_text(meta.read_text().replace('"float32"', '"float16"'))
-  with pytest.warns(UserWarning, match=f"'{meta}' (is corrupt|has)"):
+  with pytest.warns(UserWarning, match=f"'{meta}' (is corrupt|has)") as got:
     _assert_equal(checkpoint.restore(saved, _state(0)), _state(6))
+  assert [w.filename for w in got] == [__file__]
 
 
 def test_truncated_missing_and_garbage_files_are_named(saved, tmp_path):
@@ -194,6 +199,28 @@ def test_saving_an_earlier_round_replaces_its_future(saved):
   _assert_equal(checkpoint.restore(saved, _state(0)), _state(8))
 
 
+def test_save_with_keep_one_keeps_only_the_newest_round(tmp_path):
+  """`keep=1` (the smallest allowed) leaves only the newest round, which
+  restores. Seen to fail when 1 is refused (`keep < 1` -> `keep <= 1`,
+  mutant #150 of session 8's whole `--preset train` run)."""
+  for r in (2, 5):
+    checkpoint.save(tmp_path, _state(r), keep=1)
+  assert checkpoint.rounds(tmp_path) == [5]
+  _assert_equal(checkpoint.restore(tmp_path, _state(0)), _state(5))
+
+
+def test_a_leftover_that_cannot_be_removed_does_not_stop_a_save(tmp_path):
+  """Half-written steps are removed as far as possible: a leftover that
+  cannot be (here a plain file under orbax's temporary name, which rmtree
+  refuses) stays, and the round is saved and restores. Seen to fail when the
+  removal's errors are raised (`rmtree(..., ignore_errors=True)` -> `False`,
+  mutant #147 of session 8's whole `--preset train` run)."""
+  (tmp_path / "3.orbax-checkpoint-tmp-1").write_text("")
+  checkpoint.save(tmp_path, _state(5))
+  assert checkpoint.rounds(tmp_path) == [5]
+  _assert_equal(checkpoint.restore(tmp_path, _state(0)), _state(5))
+
+
 def test_save_argument_checks(tmp_path):
   with pytest.raises(ValueError, match="`keep`"):
     checkpoint.save(tmp_path / "a", _state(1), keep=0)
@@ -224,6 +251,34 @@ def test_describe_value_names_a_cycle_once():
   assert run_lib.describe_value(loop) == [1.0, {"type": "builtins.list"}]
 
 
+def test_describe_value_names_values_deeper_than_eight_levels_by_type():
+  """Nine nested lists: the eight outer ones are described, the ninth (depth
+  8) only by its type. Seen to fail when the depth limit lets one more level
+  through (`depth >= _MAX_DEPTH` -> `>`, mutant #187 of session 8's whole
+  `--preset train` run)."""
+  value = [1.0]
+  for _ in range(8):
+    value = [value]
+  want = {"type": "builtins.list"}
+  for _ in range(8):
+    want = [want]
+  assert run_lib.describe_value(value) == want
+
+
+def test_describe_value_hashes_arrays_up_to_the_size_limit_inclusive(
+    monkeypatch):
+  """An array of exactly `_MAX_HASH_BYTES` (set to 16 here) is described
+  with its SHA-256, a larger one by dtype and shape alone. Seen to fail when
+  the limit is exclusive (`nbytes <= _MAX_HASH_BYTES` -> `<`, mutant #181 of
+  session 8's whole `--preset train` run)."""
+  monkeypatch.setattr(run_lib, "_MAX_HASH_BYTES", 16)
+  at_limit = run_lib.describe_value(np.arange(4, dtype=np.float32))
+  assert at_limit["array"]["sha256"] == hashlib.sha256(
+      np.arange(4, dtype=np.float32).tobytes()).hexdigest()
+  over = run_lib.describe_value(np.arange(5, dtype=np.float32))
+  assert over == {"array": {"dtype": "float32", "shape": [5]}}
+
+
 def test_describe_value_gives_a_dataclass_instance_its_fields():
   """An instance is described by its fields (two settings differ), a
   dataclass itself only by its type. Seen to fail when the instance check
@@ -249,6 +304,37 @@ def test_check_same_run_names_eight_differences_and_counts_the_rest():
   with pytest.raises(ValueError,
                      match=r"s7: saved 7, now 8; \.\.\. \(9 in all\)"):
     run_lib.check_same_run(saved, now, "ckpt")
+
+
+def test_describe_run_records_the_counts_only_when_given():
+  """Counts of real examples per client are part of a run (they decide which
+  rows its batches draw): recorded when given, so other counts are a
+  difference, and left out when every row is real. Seen to fail when the
+  test is inverted (`counts is not None` -> `is None`, mutant #198 of
+  session 8's whole `--preset train` run: counts were never recorded)."""
+  alg = prfl.algorithms.local(LOSS, optax.sgd(1e-2))
+  kw = dict(key=jax.random.key(0), batch_size=2,
+            train={"x": np.zeros((2, 3, 1), np.float32)})
+  assert "counts" not in checkpoint.describe_run(alg, **kw)
+  two = checkpoint.describe_run(alg, counts=np.array([3, 2]), **kw)
+  three = checkpoint.describe_run(alg, counts=np.array([3, 3]), **kw)
+  assert two["counts"]["array"]["shape"] == [2]
+  assert run_lib.differences(two, three)
+
+
+def test_differences_name_a_setting_only_one_run_has():
+  """A setting recorded by one run only (an option added, or dropped) is a
+  difference, whichever side has it. Seen to fail when only the settings
+  both runs have are compared (`a.keys() | b.keys()` -> `&`, mutant #201 of
+  session 8's whole `--preset train` run)."""
+  saved = {"lr": 0.1, "plan": {"chunk": 4}}
+  now = {"lr": 0.1, "plan": {"chunk": 4, "kernel": "gram"}, "groups": [2]}
+  assert run_lib.differences(saved, now) == [
+      "groups[0]: saved '(absent)', now 2",
+      "plan.kernel: saved '(absent)', now 'gram'"]
+  assert run_lib.differences(now, saved) == [
+      "groups[0]: saved 2, now '(absent)'",
+      "plan.kernel: saved 'gram', now '(absent)'"]
 
 
 def test_check_same_run_names_exactly_eight_differences_without_a_count():

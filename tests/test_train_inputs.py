@@ -13,6 +13,7 @@ import pytest
 import prfl_jax as prfl
 from prfl_jax.train_checks import check_clusters
 from prfl_jax.train_checks import check_examples
+from prfl_jax.train_checks import check_resume
 from prfl_jax.train_checks import resolve_eval_every
 
 
@@ -258,14 +259,32 @@ def test_cohort_checkpoint_records_the_run(data, tmp_path):
                                 [24, 26, 28, 30])
 
 
-@pytest.mark.parametrize("clusters", [[0, 1, -1, 1], [-2, -1]])
+@pytest.mark.parametrize("clusters", [[0, 1, -1, 1], [-2, -1], [0.0, 1.0]])
 def test_a_negative_cluster_id_is_refused_whatever_the_largest(clusters):
-  """Cluster ids must all be >= 0: one -1 beside non-negative ids is refused
-  as well as all-negative ids, and ids from 0 (or none) are accepted. Seen to
-  fail when the check reads the largest id (`clusters.min() >= 0` ->
-  `clusters.max() >= 0`, session 7's mutant #90 of `--preset train`, which
-  `test_train.py` kills but is not among `train_checks.py`'s test files)."""
+  """Cluster ids must all be integers >= 0: one -1 beside non-negative ids is
+  refused as well as all-negative ids and float ids, and ids from 0 (or none)
+  are accepted. Seen to fail when the check reads the largest id
+  (`clusters.min() >= 0` -> `clusters.max() >= 0`, session 7's mutant #90 of
+  `--preset train`, which `test_train.py` kills but is not among
+  `train_checks.py`'s test files) or takes either condition (`integer and
+  non-negative` -> `or`, #85: float ids went through)."""
   with pytest.raises(ValueError, match="non-negative integer cluster ids"):
     check_clusters(np.array(clusters))
   check_clusters(np.array([0, 2, 1]))
   check_clusters(np.zeros(0, np.int32))
+
+
+def test_resume_accepts_the_states_own_byzantine_mask():
+  """Passing `byzantine` equal to the resumed state's mask (as bools or 0/1)
+  is accepted; another mask, or one of another length, is refused. Seen to
+  fail when the length check is inverted (`np.shape(byzantine) !=
+  saved.shape` -> `==`, mutant #118 of session 8's whole `--preset train`
+  run: every resume that repeated its mask was refused)."""
+  alg = _local()
+  state = alg.init(jnp.zeros((4, 2)), byzantine=np.arange(4) == 3)
+  check_resume(alg, state, np.arange(4) == 3, 4)
+  check_resume(alg, state, [0, 0, 0, 1], 4)
+  check_resume(alg, state, None, 4)
+  for other in (np.arange(4) == 0, np.arange(5) == 3):
+    with pytest.raises(ValueError, match="`byzantine` differs"):
+      check_resume(alg, state, other, 4)
