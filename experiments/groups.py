@@ -167,7 +167,7 @@ class Baselines:
       False, "Momentum-Clustering with mc_balls='assigned': clients stay "
       "with their centre while inside its ball")
   mc_warmup: int = option(
-      10, "Momentum-Clustering: rounds of own-momentum steps before the "
+      5, "Momentum-Clustering: rounds of own-momentum steps before the "
       "centres are seeded", low=0)
   mc_seed_average: bool = option(
       True, "Momentum-Clustering: at seeding, clients take their centre's "
@@ -183,6 +183,10 @@ class Baselines:
       5, "Momentum-Clustering with mc_balls='assigned': no client "
       "changes centre once none has for this many consecutive rounds "
       "(auto: never)", low=1)
+  mc_stable_share: float = option(
+      0.0, "Momentum-Clustering with mc_freeze_stable: a round counts as "
+      "still when at most this share of the clients changed centre (0: "
+      "none)", low=0, high=1, high_open=True)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -45,7 +45,8 @@ WARMUP = "--warmup-rounds"
 # keeps its meaning when the library's default changes. "paper" is
 # Algorithm 3 as written; "default" is the library's default before 27
 # November (own-client balls, sticky), kept under its old name for the
-# committed runs; "assigned_stable_warm" is the library's default since.
+# committed runs; "assigned_stable_warm" is the library's default since
+# (its warm-up: 10 rounds until session 8, 5 since; --warmup-rounds).
 _PAPER = PAPER_LITERAL
 _ASSIGNED = {**_PAPER, "balls": "assigned"}
 _STICKY = {**_ASSIGNED, "sticky": True}
@@ -107,8 +108,9 @@ class Config:
       5, "the '_stable' variants: no client changes centre once none has "
       "for this many consecutive rounds", low=1)
   warmup_rounds: int = option(
-      10, "the '_warm' and '_warmup' variants: rounds of own-momentum steps "
-      "before the centres are seeded", low=1)
+      5, "the '_warm' and '_warmup' variants: rounds of own-momentum steps "
+      "before the centres are seeded (the library's default; the committed "
+      "runs' presets before session 8 set 10)", low=1)
 
 
 def resolve(cfg: Config) -> Config:

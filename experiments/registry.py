@@ -297,7 +297,8 @@ def _myopic(ctx, s):
     "clustering_method", "mc_alpha", "mc_lr_over_alpha", "mc_balls",
     "mc_quantile", "mc_sticky", "mc_warmup", "mc_seed_average",
     "mc_reseed",
-    "mc_bias_correction", "mc_freeze", "mc_freeze_stable"))
+    "mc_bias_correction", "mc_freeze", "mc_freeze_stable",
+    "mc_stable_share"))
 def _mc(ctx, s):
   """Momentum-Clustering's momentum is `m = alpha g + (1 - alpha) m` with
   alpha = 1 - momentum by default; with the step lr / alpha this is exactly
@@ -323,7 +324,7 @@ def _mc(ctx, s):
       bias_correction=s.mc_bias_correction,
       freeze_after=s.mc_freeze,
       freeze_when_stable=s.mc_freeze_stable if assigned else None,
-      true_clusters=ctx.clusters)
+      stable_share=s.mc_stable_share, true_clusters=ctx.clusters)
 
 
 for _name, _agg, _label in (

@@ -302,7 +302,7 @@ CLUSTER_ALGORITHMS = {
     "mc_paper": lambda **kw: prfl.algorithms.momentum_clustering(
         quadratic, optax.sgd(0.1), num_clusters=2, radius=1.0, alpha=1.0,
         **PAPER_LITERAL, **kw),
-    # Seeded in this one round (the default warms up for 10).
+    # Seeded in this one round (the default warms up for 5).
     "mc": lambda **kw: prfl.algorithms.momentum_clustering(
         quadratic, optax.sgd(0.1), num_clusters=2, radius=1.0, alpha=1.0,
         warmup_rounds=0, **kw),

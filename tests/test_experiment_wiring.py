@@ -70,11 +70,12 @@ def _captured(monkeypatch, factory):
 def test_registry_gives_mc_its_balls_quantile_and_stickiness(monkeypatch):
   """Momentum-Clustering's defaults: with `mc_balls='assigned'` the radius
   quantile is 0.95, clients are not sticky and the assignment freezes once
-  stable for 5 rounds, after 10 warm-up rounds and a seed average; with
+  stable for 5 rounds, after 5 warm-up rounds and a seed average; with
   'all', the shared quantile, never sticky and never frozen (both need
   assigned balls). Seen to fail when sticky is given for the other balls
   (`and assigned` -> `or not assigned`), and when the stable freeze is
-  passed with 'all' (the library raises)."""
+  passed with 'all' (the library raises); `mc_stable_share` reaches the
+  library's `stable_share`."""
   seen, ctx = _captured(monkeypatch, "momentum_clustering")
   s = registry.settings(_resolve(), "mc")
   for balls, sticky, q, stable in (("assigned", False, 0.95, 5),
@@ -82,7 +83,10 @@ def test_registry_gives_mc_its_balls_quantile_and_stickiness(monkeypatch):
     registry.build("mc", ctx, registry.Settings(s, mc_balls=balls))
     assert (seen["balls"], seen["sticky"], seen["radius"].q,
             seen["freeze_when_stable"], seen["warmup_rounds"],
-            seen["seed_average"]) == (balls, sticky, q, stable, 10, True)
+            seen["seed_average"]) == (balls, sticky, q, stable, 5, True)
+  assert seen["stable_share"] == 0.0
+  registry.build("mc", ctx, registry.Settings(s, mc_stable_share=0.1))
+  assert seen["stable_share"] == 0.1
   registry.build("mc", ctx, registry.Settings(s, mc_sticky=True))
   assert seen["sticky"]
   registry.build("mc", ctx, registry.Settings(s, mc_balls="all",

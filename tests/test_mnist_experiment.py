@@ -109,12 +109,17 @@ def test_same_seed_same_numbers(tmp_path):
     (["--per-algorithm", "ifca.ditto_lambda=2"], "does not read"),
     (["--per-algorithm", "myopic.rounds=5", "--algorithms", "fc"],
      "does not train"),
+    (["--algorithms", "mc", "--mc-stable-share", "0.1", "--mc-freeze-stable",
+      "auto"], "--mc-stable-share"),
+    (["--algorithms", "mc", "--mc-stable-share", "0.1", "--mc-balls", "all"],
+     "--mc-stable-share"),
 ])
 def test_bad_options_fail_before_loading_data(argv, message, tmp_path,
                                               capsys, monkeypatch):
   """`--clusters 5 --tasks private_label,rotation` and `--out ''` were
   accepted before (issue 21): seen to fail with the per-task check removed
-  from `config.resolve`."""
+  from `config.resolve`; `--mc-stable-share` without the stable freeze,
+  with its check removed (the library then raised after the data load)."""
   def no_load(*args, **kwargs):
     raise AssertionError("data were loaded before the options were checked")
   monkeypatch.setattr(prfl.data, "load_dataset", no_load)

@@ -205,7 +205,7 @@ def test_default_keeps_the_two_true_clusters_where_the_paper_collapses():
   """Paper-literal Momentum-Clustering (every ball over all clients, nearest
   centre) loses a centre on this problem: the carried centres lag behind the
   momenta's shared drift, every client goes to the same one, and the other
-  is pulled onto it. The default (10 own-momentum rounds, then each
+  is pulled onto it. The default (5 own-momentum rounds, then each
   centre's ball over its own clients, the mean model per centre once, the
   assignment frozen once stable) keeps two centres with the true clusters'
   clients (ARI 1, so 8 clients each) and ends nearer to the optima.
