@@ -273,3 +273,24 @@ def test_concentrated_attacks_only_where_the_target_gradient_is_small():
 def test_concentrated_bad_arguments_raise(make):
   with pytest.raises((ValueError, TypeError)):
     make()
+
+
+def test_optimised_alie_searches_along_plus_its_step():
+  """An objective that peaks where a Byzantine row's first value is the
+  benign mean plus 3 standard deviations (on one side only): the search
+  steps along `+std` as ByzFL's does, and the rows sent are `mean + tau std`
+  for the replayed tau. Seen to fail when the searched rows are `mean - tau
+  std` (`o + tau * s` -> `o - tau * s` in the search, mutant #261 of session
+  8's `--preset attacks` run: a symmetric objective never tells)."""
+  msgs = _messages()
+  x, byz = _flat(msgs), np.asarray(BYZ)
+  honest = x[~byz]
+  mean, std = honest.mean(0), honest.std(0, ddof=1)
+  target = mean[0] + 3 * std[0]
+  objective = lambda attacked, m, b: -jnp.square(attacked["a"][-1, 0] - target)
+  out = _flat(jax.jit(attacks.optimised_alie(objective))(msgs, BYZ,
+                                                         jax.random.key(0)))
+  tau = byzfl_line_search(lambda t: -(mean[0] + t * std[0] - target) ** 2)
+  assert tau > 1
+  want = np.repeat((mean + tau * std)[None], F, 0)
+  np.testing.assert_allclose(out[byz], want, rtol=1e-4, atol=1e-4)
