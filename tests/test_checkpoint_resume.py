@@ -286,9 +286,10 @@ def test_only_process_zero_removes_half_written_steps(tmp_path, monkeypatch):
   session 8's whole `--preset train` run: every process removed them)."""
   leftover = tmp_path / "4.orbax-checkpoint-tmp-1"
   leftover.mkdir()
+  remove = store._remove_unfinished  # pylint: disable=protected-access
   monkeypatch.setattr(store, "jax", _SecondProcess())
-  store._remove_unfinished(store._path(tmp_path))  # pylint: disable=protected-access
+  remove(tmp_path)
   assert leftover.is_dir()
   monkeypatch.undo()
-  store._remove_unfinished(store._path(tmp_path))  # pylint: disable=protected-access
+  remove(tmp_path)
   assert not leftover.exists()
