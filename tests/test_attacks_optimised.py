@@ -294,3 +294,18 @@ def test_optimised_alie_searches_along_plus_its_step():
   assert tau > 1
   want = np.repeat((mean + tau * std)[None], F, 0)
   np.testing.assert_allclose(out[byz], want, rtol=1e-4, atol=1e-4)
+
+
+def test_fang_krum_sends_zero_where_the_benign_mean_is_zero():
+  """Fang's Krum attack sends `-lam sign(mean)`: 0 exactly where the benign
+  mean is 0 (here a coordinate every client has at 0), finite everywhere.
+  Seen to fail when the rows are `lam / sign` (mutant #215 of session 8's
+  `--preset attacks` run: equal for signs +-1, inf at 0)."""
+  msgs = _messages()
+  msgs = {"a": msgs["a"].at[:, 1].set(0.0), "b": msgs["b"]}
+  out = _flat(jax.jit(attacks.fang_krum(F, halvings=2))(msgs, BYZ,
+                                                        jax.random.key(0)))
+  byz = np.asarray(BYZ)
+  assert np.all(np.isfinite(out))
+  np.testing.assert_array_equal(out[byz, 1], 0.0)
+  assert np.all(np.abs(out[byz][:, [0, 2, 3, 4]]) > 0)
