@@ -148,3 +148,17 @@ def test_fang_trimmed_mean_draws_beyond_each_benign_extreme():
   assert np.all(hi - lo > 0.9 * (end - start))
   np.testing.assert_array_equal(out[:3], benign)
 
+
+
+def test_gaussian_sends_normal_noise_of_the_given_scale():
+  """Byzantine rows are N(0, scale^2) noise: with scale 2 and 3,000 values,
+  their standard deviation is within 10 % of 2 (a sample's std is off by
+  about 1 / sqrt(2 * 3000) = 1.3 %) and the honest row is kept. Seen to
+  fail when the noise is `scale / normal` (mutant #9 of session 8's
+  `--preset attacks` run: heavy-tailed, its std far from 2)."""
+  messages = jnp.ones((4, 1000))
+  byzantine = jnp.arange(4) >= 1
+  out = np.asarray(prfl.attacks.gaussian(2.0)(messages, byzantine,
+                                              jax.random.key(0)))
+  np.testing.assert_array_equal(out[0], 1.0)
+  assert abs(np.std(out[1:]) - 2.0) < 0.2 and abs(np.mean(out[1:])) < 0.2
