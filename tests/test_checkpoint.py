@@ -199,6 +199,33 @@ def test_saving_an_earlier_round_replaces_its_future(saved):
   _assert_equal(checkpoint.restore(saved, _state(0)), _state(8))
 
 
+@pytest.mark.parametrize("change", [dict(format="prfl_jax.checkpoint/0"),
+                                    dict(files=[])])
+def test_a_manifest_of_another_format_or_without_a_file_table_is_refused(
+    saved, change):
+  """A manifest whose format is not this version's (its files intact), or
+  whose file table is not a table, is not valid: round 9 is skipped. Seen to
+  fail when both must be wrong (`format != FORMAT or not isinstance(files,
+  dict)` -> `and`, mutant #220 of session 8's whole `--preset train` run)."""
+  path = saved / "9" / checkpoint.MANIFEST
+  path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
+  with pytest.raises(checkpoint.CheckpointError,
+                     match=f"'{path}' is not a valid checkpoint manifest"):
+    checkpoint.restore(saved, _state(0), at_round=9)
+
+
+def test_a_relative_directory_is_saved_and_named_absolute(tmp_path,
+                                                          monkeypatch):
+  """`save("ckpt", ...)` from another working directory writes under it and
+  returns the round's absolute path, which `restore("ckpt")` reads. Seen to
+  fail when local paths are left relative (`'://' not in directory` -> `in`,
+  mutant #125 of session 8's whole `--preset train` run)."""
+  monkeypatch.chdir(tmp_path)
+  got = checkpoint.save("ckpt", _state(4))
+  assert got == os.fspath(tmp_path / "ckpt" / "4")
+  _assert_equal(checkpoint.restore("ckpt", _state(0)), _state(4))
+
+
 def test_save_with_keep_one_keeps_only_the_newest_round(tmp_path):
   """`keep=1` (the smallest allowed) leaves only the newest round, which
   restores. Seen to fail when 1 is refused (`keep < 1` -> `keep <= 1`,
@@ -277,6 +304,16 @@ def test_describe_value_hashes_arrays_up_to_the_size_limit_inclusive(
       np.arange(4, dtype=np.float32).tobytes()).hexdigest()
   over = run_lib.describe_value(np.arange(5, dtype=np.float32))
   assert over == {"array": {"dtype": "float32", "shape": [5]}}
+
+
+def test_describe_value_does_not_hash_an_array_over_64_mib():
+  """The hash limit is 64 MiB: an array 4 bytes over it (all zeros, so
+  cheap) is described by dtype and shape alone. Seen to fail when the limit
+  doubles (`1 << 26` -> `2 << 26`, mutant #179 of session 8's whole
+  `--preset train` run)."""
+  over = np.zeros((1 << 24) + 1, np.float32)
+  assert run_lib.describe_value(over) == {
+      "array": {"dtype": "float32", "shape": [(1 << 24) + 1]}}
 
 
 def test_describe_value_gives_a_dataclass_instance_its_fields():

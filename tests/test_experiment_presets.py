@@ -152,6 +152,14 @@ COMMITTED = {
         "byzantine", "protocol_20pct",
         ["--rounds", "20", "--eval-every", "10", "--attacks",
          "opt_ipm,opt_alie"]),
+    "byzantine/protocol_20pct/digits_private_label_fc_20rounds_rest": (
+        "byzantine", "protocol_20pct",
+        ["--rounds", "20", "--eval-every", "10", "--attacks",
+         "alie_jitter,ipm_jitter,min_max,alie,ipm,edge,mimic"]),
+    "byzantine/protocol_20pct/digits_private_label_ifca_20rounds_rest": (
+        "byzantine", "protocol_20pct",
+        ["--rounds", "20", "--eval-every", "10", "--algorithms",
+         "ifca_median", "--attacks", "opt_ipm,alie,ipm,mimic,edge"]),
     "byzantine/protocol_digits/private_label_fc": (
         "byzantine", "protocol_digits", ["--algorithms", "fc_ball_cap"]),
     "synthetic/figure2_n75": ("synthetic", "figures2_3",

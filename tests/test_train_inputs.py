@@ -217,6 +217,19 @@ def test_padding_rows_of_a_leaf_without_feature_axes_may_hold_nan(data):
     check_examples(padded._replace(num_examples=jnp.full((6,), 4, jnp.int32)))
 
 
+def test_a_leaf_of_one_value_per_client_is_checked_for_nan(data):
+  """A test leaf of one value per client (`[N]`) is checked too: NaN for
+  client 2 is refused naming it. Seen to fail when leaves of one axis are
+  skipped like scalars (`np.ndim(leaf) < 1` -> `<= 1`, mutant #98 of session
+  8's whole `--preset train` run)."""
+  scale = np.ones(6, np.float32)
+  check_examples(data._replace(test=dict(data.test, scale=scale)))
+  scale[2] = np.nan
+  with pytest.raises(ValueError,
+                     match=r"data\.test\['scale'\]. .*clients \[2\]"):
+    check_examples(data._replace(test=dict(data.test, scale=scale)))
+
+
 def test_cohort_resume_is_checked(data):
   """A cohort run's `initial_state` must be a CohortState of this algorithm,
   of the data's clients, with the same Byzantine mask. Failed before the
