@@ -148,6 +148,9 @@ COMMITTED = {
         "byzantine", "protocol_20pct_fashion",
         ["--attacks", "fang_tm,fang_krum,alie_jitter,ipm_jitter,alie,ipm,"
          "mimic"]),
+    "byzantine/protocol_20pct/fashion_private_label_fc_rest2": (
+        "byzantine", "protocol_20pct_fashion",
+        ["--attacks", "fang_krum,alie_jitter,ipm_jitter,alie,ipm,mimic"]),
     "byzantine/protocol_20pct/fashion_private_label_global": (
         "byzantine", "protocol_20pct_fashion",
         ["--algorithms", "global_median,global_trimmed_mean,global_krum,"
