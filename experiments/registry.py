@@ -109,7 +109,9 @@ def _per_algorithm(cfg) -> dict:
 
 def check(cfg, used: tuple):
   """Raises ValueError if `per_algorithm` names an algorithm not in `used`
-  or a setting that algorithm does not read (a likely typo)."""
+  or a setting that algorithm does not read (a likely typo), or settings
+  that contradict each other (Momentum-Clustering's stable share without
+  its stable freeze)."""
   for name, entries in _per_algorithm(cfg).items():
     if name not in used:
       raise ValueError(f"--per-algorithm names {name!r}, which this run does "
@@ -121,6 +123,16 @@ def check(cfg, used: tuple):
       raise ValueError(f"--per-algorithm {name}.{ignored[0]}: {entry.label} "
                        f"does not read {ignored[0]!r}; it reads "
                        f"{', '.join(entry.reads + RUN_SETTINGS)}.")
+  for name in used:
+    s = settings(cfg, name) if name in REGISTRY else None
+    # Momentum-Clustering's stable share relaxes the stable freeze, which
+    # `_mc` passes only with assigned balls: refused here, before any data
+    # loads, in every experiment (the library would refuse it at build).
+    if s is not None and s.get("mc_stable_share") and (
+        s.mc_freeze_stable is None or s.mc_balls != "assigned"):
+      raise ValueError(f"--mc-stable-share {s.mc_stable_share} ({name}) "
+                       "needs the stable freeze: --mc-freeze-stable not "
+                       "auto, with --mc-balls assigned.")
 
 
 def build(name: str, ctx: Context,

@@ -87,11 +87,6 @@ def resolve(cfg: Config) -> Config:
           "results", "mnist", "smoke" if cfg.run.smoke else d.dataset))
   for name in names:
     s = registry.settings(cfg, name)
-    if s.get("mc_stable_share") and (s.mc_freeze_stable is None or
-                                     s.mc_balls != "assigned"):
-      raise ValueError(f"--mc-stable-share {s.mc_stable_share} ({name}) "
-                       "needs the stable freeze: --mc-freeze-stable not "
-                       "auto, with --mc-balls assigned.")
     try:
       training.federation_sizes(
           d.dataset, f.clusters, sizes.clients_per_cluster,
