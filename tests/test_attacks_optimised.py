@@ -334,3 +334,15 @@ def test_sample_std_of_two_benign_rows_divides_by_one():
     mean, std = base.benign_stats(messages, byzantine, ddof=ddof)
     np.testing.assert_allclose(mean["x"], [1.0])
     np.testing.assert_allclose(std["x"], [sd], rtol=1e-6)
+
+
+def test_search_step_must_be_non_zero_and_may_be_one():
+  """A zero `delta` would leave the search at `start` and is refused naming
+  it; 1 (or -1) is a step like any other. Seen to fail when the check
+  compares with 1 (`delta == 1`: 0 was accepted and 1 refused; mutant
+  #230 of session 9's `--preset attacks` run)."""
+  objective = lambda *a: 0.0
+  for delta in (1.0, -1.0):
+    attacks.optimised_alie(objective, delta=delta)
+  with pytest.raises(ValueError, match="`delta` must be non-zero"):
+    attacks.optimised_ipm(objective, delta=0.0)
