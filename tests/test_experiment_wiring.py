@@ -323,14 +323,18 @@ def test_mnist_defaults_are_the_papers_federation():
 def test_registry_gives_fc_its_defences(monkeypatch):
   """`fc_dedup` counts duplicate messages once (a pre-aggregator) with no
   ball cap, `fc_ball_cap` adds the cap at the median client's 1.0 ball,
-  `fc` has neither. Seen to fail with the cap 1.0 -> 2.0 in
-  `FC_DEFENCES` (session 9's mutant #23 of `--preset experiments`)."""
+  `fc` has neither; only `fc_aware` forms its groups from the models. Seen
+  to fail with the cap 1.0 -> 2.0 in `FC_DEFENCES` and with `fc_grouping ==
+  'cluster_aware'` -> `!=` (session 9's mutants #23 and #25 of `--preset
+  experiments`)."""
   seen, ctx = _captured(monkeypatch, "federated_clustering")
-  for name, pre, cap in (("fc", False, None), ("fc_dedup", True, None),
-                         ("fc_ball_cap", True, 1.0)):
+  for name, pre, cap, aware in (("fc", False, None, False),
+                                ("fc_dedup", True, None, False),
+                                ("fc_ball_cap", True, 1.0, False),
+                                ("fc_aware", False, None, True)):
     registry.build(name, ctx, registry.settings(_resolve(), name))
-    assert (seen["pre_aggregator"] is not None, seen["ball_cap"]) == (
-        pre, cap), name
+    assert (seen["pre_aggregator"] is not None, seen["ball_cap"],
+            seen["grouping"] is not None) == (pre, cap, aware), name
 
 
 def test_mc_stable_share_needs_the_stable_freeze_with_assigned_balls():
@@ -373,3 +377,13 @@ def test_federation_sizes_allow_one_client_per_group():
   num_clients` -> `>=` (session 9's mutant #65 of `--preset
   experiments`)."""
   assert training.federation_sizes("digits", 4, 10, groups=40).groups == 40
+
+
+def test_each_task_refuses_more_clusters_than_it_makes():
+  """Rotation makes 4 clusters, private labels 10: `--clusters 5` is
+  refused for rotation, 11 for private labels, each naming its maximum.
+  Seen to fail with rotation's 4 -> 5 in `config.MAX_CLUSTERS` (session 9's
+  mutant #179 of `--preset experiments`)."""
+  for task, clusters, most in (("rotation", 5, 4), ("private_label", 11, 10)):
+    with pytest.raises(ValueError, match=f"makes at most {most} distinct"):
+      _resolve("--clusters", str(clusters), "--tasks", task)
