@@ -387,3 +387,21 @@ def test_each_task_refuses_more_clusters_than_it_makes():
   for task, clusters, most in (("rotation", 5, 4), ("private_label", 11, 10)):
     with pytest.raises(ValueError, match=f"makes at most {most} distinct"):
       _resolve("--clusters", str(clusters), "--tasks", task)
+
+
+def test_registry_gives_mc_the_step_lr_over_alpha(monkeypatch):
+  """Momentum-Clustering with lr 0.1 and momentum 0.9 (alpha 0.1) steps
+  lr / alpha = 1 per unit gradient, so that it matches heavy-ball SGD;
+  with `mc_lr_over_alpha` off, lr itself. Seen to fail with `s.lr / alpha`
+  -> `*` (session 9's mutant #37 of `--preset experiments`)."""
+  seen = {}
+  monkeypatch.setattr(prfl.algorithms, "momentum_clustering",
+                      lambda loss_fn, opt, **kw: seen.update(opt=opt))
+  _, ctx = _captured(monkeypatch, "federated_clustering")
+  s = registry.settings(_resolve(), "mc")
+  for over_alpha, step in ((True, -1.0), (False, -0.1)):
+    registry.build("mc", ctx,
+                   registry.Settings(s, mc_lr_over_alpha=over_alpha))
+    opt = seen["opt"]
+    update, _ = opt.update(jnp.ones(1), opt.init(jnp.zeros(1)))
+    np.testing.assert_allclose(update, [step], rtol=1e-6)
