@@ -19,9 +19,15 @@ each step's ball, and reports, per pair of gradient sources: the gradients'
 largest relative difference, the number of (model, step) balls that differ,
 and the centres' difference on models whose balls all agree and on the rest.
 It also runs the two pipelines `bench_models` compares (prfl's default plan
-and the CUDA loop) on the same federation.
+and the per-pair loop on `--torch-device`) on the same federation and
+reports each against the float64 clustering of every source: a pipeline is
+right for its own gradients when it lands on their float64 centres.
 
   python -m benchmarks.check_centres_gpu --clients 16,32 --out centres_gpu.json
+  # On a CPU alone (no GPU sources): which of prfl and the loop is right
+  # where their VGG-8 centres differ (was `check_vgg8_centres`):
+  python -m benchmarks.check_centres_gpu --model vgg8 --clients 8 \
+      --torch-device cpu
 """
 
 import argparse
@@ -41,8 +47,9 @@ from benchmarks import zoo
 
 def threshold_clustering_f64(z, owner: int, q: float, num_iters: int,
                              device="cpu"):
-  """Algorithm 2 (one centre, started at `z[owner]`) in float64 (PyTorch on
-  `device`, whose `quantile` interpolates linearly as NumPy's does).
+  """Algorithm 2 (one centre, started at `z[owner]`) in float64: the per-pair
+  loop's own clustering (`torch_loop.torch_threshold_clustering`, whose
+  `quantile` interpolates linearly as NumPy's does) with every ball recorded.
 
   Args:
     z: `[N, P]` gradients of the N clients at one model.
@@ -58,42 +65,32 @@ def threshold_clustering_f64(z, owner: int, q: float, num_iters: int,
   """
   import torch  # pylint: disable=g-import-not-at-top
   z = torch.from_numpy(np.asarray(z)).to(device, torch.float64)
-  n = z.shape[0]
-  v = z[owner].clone()
-  balls, margin = [], np.inf
-  for _ in range(num_iters):
-    d = torch.linalg.norm(z - v, dim=1)
-    tau = torch.quantile(d, q)
-    inside = d <= tau
+  balls, gaps = [], []
+
+  def record(dist, tau, inside):
     balls.append(inside.cpu().numpy())
-    gaps = torch.abs(d - tau)[d != tau]
-    if tau > 0 and gaps.numel():
-      margin = min(margin, float(gaps.min() / tau))
-    v = (z[inside].sum(0) + (n - inside.sum()) * v) / n
-  return v.cpu().numpy(), np.stack(balls), margin
+    off_edge = torch.abs(dist - tau)[dist != tau]
+    if tau > 0 and off_edge.numel():
+      gaps.append(float(off_edge.min() / tau))
+
+  v = torch_loop.torch_threshold_clustering(
+      torch, z, z[owner].clone(), prfl.quantile_radius(q), num_iters,
+      on_step=record)
+  return v.cpu().numpy(), np.stack(balls), min(gaps, default=np.inf)
 
 
 def torch_gradients(spec, params, batch, device) -> np.ndarray:
-  """`[N models, N clients, P]` float32 gradients from the PyTorch twin."""
+  """`[N models, N clients, P]` float32 gradients from the PyTorch twin (the
+  per-pair loop's own gradient code), in the Flax model's order."""
   import torch  # pylint: disable=g-import-not-at-top
-  from torch.nn import functional as F  # pylint: disable=g-import-not-at-top
   n = jax.tree.leaves(params)[0].shape[0]
-  xs = [torch.from_numpy(np.array(batch[0][j])).permute(0, 3, 1, 2)
-        .contiguous().to(device) for j in range(n)]
-  ys = [torch.from_numpy(np.array(batch[1][j], np.int64)).to(device)
-        for j in range(n)]
+  xs, ys = torch_loop.cnn_inputs(torch, batch, device)
   out = []
   for i in range(n):
     net = torch_loop.torch_net(
         torch, spec, jax.tree.map(lambda a, i=i: a[i], params)).to(device)
-    rows = []
-    for j in range(n):
-      net.zero_grad()
-      F.cross_entropy(net(xs[j]), ys[j]).backward()
-      rows.append(torch.cat([p.grad.reshape(-1) for p in net.parameters()])
-                  .cpu().numpy())
-    out.append(torch_loop._torch_to_flax_order(  # pylint: disable=protected-access
-        torch, net.cpu(), spec, np.stack(rows)))
+    z = torch_loop.client_gradients(torch, net, xs, ys).cpu().numpy()
+    out.append(torch_loop.torch_to_flax_order(torch, net.cpu(), spec, z))
   return np.stack(out)
 
 
@@ -150,19 +147,20 @@ def compare(spec, n, args) -> dict:
         centre_rel_diff=float(diff.max()),
         centre_rel_diff_same_balls=float(diff[same].max()) if same else None,
         centre_rel_diff_other_balls=float(diff[moved].max()) if moved else None)
-  # The two pipelines bench_models compares, on the same federation.
+  # The two pipelines bench_models compares, on the same federation, each
+  # against float64 clustering of every source's gradients: a pipeline that
+  # lands on its own gradients' float64 centres is right for its gradients.
   pipes = {}
   compiled, _ = common.compile_round(loss_fn, params, batch,
                                      prfl.ExecutionPlan(), args.radius,
                                      args.num_iters)
   pipes["prfl_default_plan"] = zoo.flat_centers(compiled(params, batch))
-  if args.torch_device != "cpu":
-    _, pipes["torch_loop_" + args.torch_device] = torch_loop.run_cnn_loop(
-        spec, params, batch, args.radius, args.num_iters, 0, 1, 1.0,
-        device=args.torch_device)
-  row["pipelines_vs_f64_on_torch_cpu"] = {
-      k: float(np.max(np.abs(v - centres[ref])) / scale)
-      for k, v in pipes.items()}
+  _, pipes["torch_loop_" + args.torch_device] = torch_loop.run_cnn_loop(
+      spec, params, batch, args.radius, args.num_iters, 0, 1, 1.0,
+      device=args.torch_device)
+  row["pipelines_vs_f64"] = {
+      k: {name: float(np.max(np.abs(v - c)) / scale)
+          for name, c in centres.items()} for k, v in pipes.items()}
   return row
 
 
@@ -203,9 +201,9 @@ def main(argv=None) -> int:
             f"models  centres {s['centre_rel_diff']:.1e} (same balls "
             f"{s['centre_rel_diff_same_balls']}, other balls "
             f"{s['centre_rel_diff_other_balls']})", flush=True)
-    for k, v in row["pipelines_vs_f64_on_torch_cpu"].items():
-      print(f"  pipeline {k}: {v:.1e} from float64 clustering of torch CPU's"
-            " gradients", flush=True)
+    for k, by_source in row["pipelines_vs_f64"].items():
+      print(f"  pipeline {k:17s} from float64 clustering of: " + ", ".join(
+          f"{name} {v:.1e}" for name, v in by_source.items()), flush=True)
   if args.out:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

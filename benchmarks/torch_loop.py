@@ -17,8 +17,22 @@ from benchmarks import common
 from benchmarks import zoo
 
 
-def torch_threshold_clustering(torch, z, v, radius, num_iters):
-  """Algorithm 2, one centre, written as in the paper's PyTorch code."""
+def torch_threshold_clustering(torch, z, v, radius, num_iters, on_step=None):
+  """Algorithm 2, one centre, written as in the paper's PyTorch code.
+
+  Args:
+    torch: the `torch` module.
+    z: `[N, P]` the clients' gradients at one model.
+    v: `[P]` the start (the owner's gradient).
+    radius: a `prfl.QuantileRadius` or a float.
+    num_iters: clustering steps.
+    on_step: None in the timed loops; else called after each step's ball
+      with `(dist [N], tau, inside [N] bool)` (`check_centres_gpu` records
+      the balls with it).
+
+  Returns:
+    `[P]` the centre.
+  """
   n = z.shape[0]
   for _ in range(num_iters):
     dist = torch.linalg.norm(z - v, dim=1)
@@ -27,8 +41,34 @@ def torch_threshold_clustering(torch, z, v, radius, num_iters):
     else:
       tau = radius
     inside = dist <= tau
+    if on_step is not None:
+      on_step(dist, tau, inside)
     v = (z[inside].sum(0) + (n - inside.sum()) * v) / n
   return v
+
+
+def cnn_inputs(torch, batch, device):
+  """The clients' images (NHWC -> NCHW) and int64 labels as two lists of
+  N tensors on `device`; `batch` is `(x [N, B, H, W, C], y [N, B])`."""
+  n = len(batch[0])
+  xs = [torch.from_numpy(np.array(batch[0][j])).permute(0, 3, 1, 2)
+        .contiguous().to(device) for j in range(n)]
+  ys = [torch.from_numpy(np.array(batch[1][j], np.int64)).to(device)
+        for j in range(n)]
+  return xs, ys
+
+
+def client_gradients(torch, net, xs, ys):
+  """`[N, P]` every client's cross-entropy gradient at `net`, one forward
+  and backward per client (the paper's per-pair loop), flattened in torch's
+  parameter order."""
+  F = torch.nn.functional
+  grads = []
+  for x, y in zip(xs, ys):
+    net.zero_grad()
+    F.cross_entropy(net(x), y).backward()
+    grads.append(torch.cat([p.grad.reshape(-1) for p in net.parameters()]))
+  return torch.stack(grads)
 
 
 def run_mlp_loop(params, batch, radius, num_iters, repeats, budget_s,
@@ -138,7 +178,7 @@ def _ChannelsLastFlatten(torch):  # pylint: disable=invalid-name
   return Flatten()
 
 
-def _torch_to_flax_order(torch, net, spec: zoo.Spec, flat) -> np.ndarray:
+def torch_to_flax_order(torch, net, spec: zoo.Spec, flat) -> np.ndarray:
   """Torch-ordered flat centres `[N, P]` -> `flat_centers` order of Flax."""
   shapes = [tuple(p.shape) for p in net.parameters()]
   pieces, start = [], 0
@@ -182,27 +222,18 @@ def run_cnn_loop(spec: zoo.Spec, params, batch, radius, num_iters, threads,
   """
   try:
     import torch  # pylint: disable=g-import-not-at-top
-    from torch.nn import functional as F  # pylint: disable=g-import-not-at-top
   except ImportError:
     return None, None
   n = jax.tree.leaves(params)[0].shape[0]
   nets = [torch_net(torch, spec, jax.tree.map(lambda a, i=i: a[i], params))
           .to(device) for i in range(n)]
-  xs = [torch.from_numpy(np.array(batch[0][j])).permute(0, 3, 1, 2)
-        .contiguous().to(device) for j in range(n)]
-  ys = [torch.from_numpy(np.array(batch[1][j], np.int64)).to(device)
-        for j in range(n)]
+  xs, ys = cnn_inputs(torch, batch, device)
 
   def round_():
     centers = []
     for i, net in enumerate(nets):
-      grads = []
-      for j in range(n):
-        net.zero_grad()
-        F.cross_entropy(net(xs[j]), ys[j]).backward()
-        grads.append(torch.cat([p.grad.reshape(-1) for p in net.parameters()]))
+      z = client_gradients(torch, net, xs, ys)
       with torch.no_grad():
-        z = torch.stack(grads)
         centers.append(torch_threshold_clustering(
             torch, z, z[i].clone(), radius, num_iters))
     return torch.stack(centers).cpu()
@@ -215,4 +246,4 @@ def run_cnn_loop(spec: zoo.Spec, params, batch, radius, num_iters, threads,
   finally:
     torch.set_num_threads(default)
   res["torch_device"] = device
-  return res, _torch_to_flax_order(torch, nets[0].cpu(), spec, out.numpy())
+  return res, torch_to_flax_order(torch, nets[0].cpu(), spec, out.numpy())

@@ -74,7 +74,7 @@ BASELINES = ("myopic", "oracle")
 CURVES = ("num_active_clusters", "distinct_centers", "ari", "nmi", "purity",
           "byzantine_weight", "effective_count", "own_weight",
           "center_dist_min", "carried_weight", "reseeded", "moved",
-          "frozen", "loss",
+          "frozen", "sep_spread", "sep_delta", "sep_ari", "loss",
           "grad_norm", "error")
 
 
@@ -210,7 +210,7 @@ def run(cfg: Config, prepared, tracker, command: str = ""):
     tail = max(1, rounds // 10)
     row = {"variant": name, metric: round(float(h[f"eval/{metric}"][-1]), 4)}
     for k in ("num_active_clusters", "distinct_centers", "ari", "purity",
-              "effective_count"):
+              "effective_count", "moved", "sep_ari"):
       if k in curves:
         row[f"{k}_tail"] = round(float(np.mean(curves[k][-tail:])), 3)
     row["seconds"] = round(runs[name]["seconds"], 1)

@@ -192,6 +192,27 @@ def test_center_stats_by_hand():
   assert float(out["distinct_centers"]) == 3.0
 
 
+def test_separation_stats_by_hand():
+  """Cluster 0 at 0, 2, 7 (mean 3, rms spread sqrt(26/3)), cluster 1 at 8,
+  10, 12 (mean 10, sqrt(8/3)), a Byzantine NaN claiming cluster 0: Delta 7;
+  7 is nearer 10 than 3, so the nearest-true-mean labels are 0 0 1 1 1 1,
+  ARI 0.3243 (scikit-learn's); points given as a two-leaf pytree.
+
+  Seen to fail when the uncounted point entered the sums (NaN) and when
+  the spread was the mean distance instead of the root mean square (2.667).
+  """
+  x = jnp.array([0.0, 2.0, 7.0, 8.0, 10.0, 12.0, jnp.nan])
+  points = {"a": x[:, None], "b": jnp.zeros((7, 2))}
+  truth = rounds.check_true_clusters(np.array([0, 0, 0, 1, 1, 1, 0]))
+  rows = jnp.arange(7) < 6
+  out = jax.jit(lambda p, r: rounds.separation_stats(p, truth, r))(points,
+                                                                   rows)
+  ari = sk_metrics.adjusted_rand_score([0, 0, 0, 1, 1, 1], [0, 0, 1, 1, 1, 1])
+  np.testing.assert_allclose(
+      [out["sep_spread"], out["sep_delta"], out["sep_ari"]],
+      [np.sqrt(26 / 3), 7.0, ari], **TOL)
+
+
 def test_group_stats_follow_the_slots():
   """Client 0's group is slots (0, 2, 3) with weights 0.5, 0.25, 0.25.
 
@@ -342,9 +363,13 @@ def test_every_clustering_algorithm_reports_the_diagnostics(name):
         [6.25 / 7, 0.75 / 7, 4.0, 0.25, 25 / 7], **tol)
     np.testing.assert_allclose([m["ari"], m["nmi"]], [1.0, 1.0], **TOL)
     assert float(m["distinct_centers"]) == 2.0
+  if name.startswith("mc"):  # Momenta at 0 are -targets: 0 and 10 apart.
+    assert float(m["sep_ari"]) == 1.0
+    np.testing.assert_allclose(m["sep_delta"], 10.0, atol=0.3)
   plain = _two_cluster_round(CLUSTER_ALGORITHMS[name]())
   assert "effective_count" in plain and "own_weight" in plain
-  assert not {"purity", "byzantine_weight", "ari", "nmi"} & set(plain)
+  assert not {"purity", "byzantine_weight", "ari", "nmi",
+              "sep_ari"} & set(plain)
 
 
 def test_federated_clustering_ghost_kernel_weights_match_gram():

@@ -227,7 +227,9 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
     `num_active_clusters`, the step reports `reseeded` (centres moved),
     `moved` (clients that changed centre), `frozen` (1 once frozen),
     `carried_weight` (mean weight of the carried centre in a client's
-    direction) and `diagnostics.rounds.assignment_stats`.
+    direction) and `diagnostics.rounds.assignment_stats`; with
+    `true_clusters`, also `diagnostics.rounds.separation_stats` of the
+    momenta the server clusters (`sep_spread`, `sep_delta`, `sep_ari`).
 
   Raises:
     TypeError: if `optimizer` is not an optax transformation.
@@ -376,6 +378,9 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
     metrics.update(diagnostics.rounds.assignment_stats(
         assignment, k, state.byzantine, truth, row_coefs=row_coefs,
         centers=centers))
+    if truth is not None:  # sigma and Delta of Assumptions 8-9, measured.
+      metrics.update(diagnostics.rounds.separation_stats(
+          messages, truth, ~state.byzantine))
     new_state = MomentumClusteringState(params, opt_state, momentum, centers,
                                         assignment, state.byzantine,
                                         state.round + 1, still)

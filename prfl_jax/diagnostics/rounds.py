@@ -14,14 +14,17 @@ Two families:
   messages of its group at its own model.
 """
 
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from prfl_jax import tree as tree_lib
 from prfl_jax.diagnostics import partition
 from prfl_jax.diagnostics import weights as weights_lib
+
+PyTree = Any
 
 
 class Truth(NamedTuple):
@@ -105,6 +108,58 @@ def assignment_stats(assignment: jax.Array, num_clusters: int,
         assignment, truth.clusters, num_pred=num_clusters,
         num_true=truth.num_clusters, rows=rows))
   return out
+
+
+def separation_stats(points: PyTree, truth: Truth, rows: jax.Array) -> dict:
+  """How far the true clusters' points are apart, against their spread.
+
+  The empirical counterparts of Assumptions 8-9 (Werner et al., 2023,
+  analysis of Momentum-Clustering: the momenta of one cluster i.i.d., the
+  expected momenta of two clusters at least Delta apart) at this round's points (the messages a
+  Momentum-Clustering server clusters). With `mu_c` the mean of true
+  cluster c's counted points:
+
+  * `sep_spread`: `max_c sqrt(mean_{i in c} ||p_i - mu_c||^2)`, the largest
+    root-mean-square spread of a cluster around its mean (sigma);
+  * `sep_delta`: `min_{c != c'} ||mu_c - mu_c'||` (Delta); +inf when fewer
+    than two clusters have a counted point;
+  * `sep_ari`: the ARI against the truth of the assignment of every
+    counted point to its nearest true mean. Below 1, even the true clusters'
+    means as centres put some points in another cluster: the truth is not a
+    fixed point of nearest-centre assignment (one Lloyd step from it moves
+    clients), so an assignment by nearest centre cannot settle on it.
+
+  Args:
+    points: pytree, every leaf `[N, ...]`.
+    truth: the true clusters (`[N]` ids, K_true static).
+    rows: `[N]` bool, the points that count (the benign clients).
+
+  Returns:
+    `{"sep_spread", "sep_delta", "sep_ari"}`, float32 scalars.
+  """
+  k = truth.num_clusters
+  w = rows.astype(jnp.float32)
+  onehot = jax.nn.one_hot(truth.clusters, k, dtype=jnp.float32) * w[:, None]
+  sizes = jnp.sum(onehot, axis=0)  # [K_true]
+  present = sizes > 0
+  # Uncounted points (a Byzantine inf or NaN) are zeroed before any sum.
+  points = jax.tree.map(
+      lambda z: jnp.where(rows.reshape((-1,) + (1,) * (z.ndim - 1)), z, 0.0),
+      points)
+  means = tree_lib.combine(onehot.T / jnp.where(present, sizes, 1.0)[:, None],
+                           points)
+  d2 = jnp.maximum(tree_lib.sq_distances(points, means), 0.0)  # [N, K_true]
+  own = jnp.take_along_axis(d2, truth.clusters[:, None], axis=1)[:, 0]
+  spread = jnp.sqrt(jax.ops.segment_sum(own * w, truth.clusters, k) /
+                    jnp.where(present, sizes, 1.0))
+  between = jnp.sqrt(jnp.maximum(tree_lib.sq_distances(means, means), 0.0))
+  pair = present[:, None] & present[None, :] & ~jnp.eye(k, dtype=bool)
+  nearest = jnp.argmin(jnp.where(present[None, :], d2, jnp.inf), axis=1)
+  table = partition.contingency(truth.clusters, nearest, num_true=k,
+                                num_pred=k, weights=w)
+  return {"sep_spread": jnp.max(spread),
+          "sep_delta": jnp.min(jnp.where(pair, between, jnp.inf)),
+          "sep_ari": partition.adjusted_rand_index(table)}
 
 
 def group_stats(coefs: jax.Array, slot_index: jax.Array,
