@@ -76,7 +76,7 @@ def _warmup_seeds() -> dict:
   return runs
 
 
-SEP_SEEDS = (0, 1, 2)  # The seeds run before the session's end.
+SEP_SEEDS = (0, 1, 2, 3, 4)
 
 
 def _separation_seeds() -> dict:

@@ -17,7 +17,7 @@ settles (never frozen) and the error is above Myopic-Clustering's on most
 seeds: there the true clusters' momenta are not nearest-mean separable
 (`diagnostics.rounds.separation_stats`: ARI of nearest-true-mean
 assignment below 1 on 4 of 5 seeds already at round 0, where no option
-acts yet, and sigma / Delta growing to 8-23 as the models converge). The
+acts yet, and sigma / Delta growing to 5-107 as the models converge). The
 paper-literal reading is `PAPER_LITERAL` (`balls="all", warmup_rounds=0,
 seed_average=False, freeze_when_stable=None`, nearest centre, no
 re-seeding, no bias correction), under which the centres collapse onto one
