@@ -426,3 +426,10 @@ def test_registry_gives_cfl_twice_the_clusters_at_most(monkeypatch):
   registry.build("cfl", ctx, s)
   assert (seen["max_clusters"], seen["eps1"], seen["eps2"],
           seen["warmup_rounds"]) == (4, 0.3, 0.7, 5)
+
+
+def test_a_small_federation_gets_one_fc_group():
+  """5 clients are 0.27 of the paper's group size: one group, not none.
+  Seen to fail with `max(1, ...)` -> `max(2, ...)` (session 9's mutant #63
+  of `--preset experiments`)."""
+  assert training.federation_sizes("digits", 1, 5).groups == 1
