@@ -82,6 +82,9 @@ COMMITTED = {
     "mnist/fashion_mnist": ("mnist", "paper", []),
     "mnist/fashion_authors": ("mnist", "authors", _MC_STICKY + [
         "--algorithms", "local,global,ditto,ifca,knn,fc,oracle"]),
+    # The same table rerun for its time (session 9: every number equal).
+    "mnist/fashion_authors_s9": ("mnist", "authors", [
+        "--algorithms", "local,global,ditto,ifca,knn,fc,oracle"]),
     "mnist/fashion_rotation_fc_groups16": ("mnist", "paper", _FASHION_FC),
     "mnist/fashion_rotation_fc_groups4": ("mnist", "paper",
                                           _FASHION_FC + ["--groups", "4"]),
