@@ -162,3 +162,42 @@ def test_gaussian_sends_normal_noise_of_the_given_scale():
                                               jax.random.key(0)))
   np.testing.assert_array_equal(out[0], 1.0)
   assert abs(np.std(out[1:]) - 2.0) < 0.2 and abs(np.mean(out[1:])) < 0.2
+
+
+def test_fang_krum_accepts_a_krum_told_no_byzantine_clients():
+  """A defender may run Krum told f = 0 (plain Krum), so the attack accepts
+  `num_byzantine=0` (checked when it is built; running it is the other
+  tests' job); -1 is refused naming `num_byzantine`. Seen to fail when the
+  check's minimum is 1 (mutant #162 of session 9's `--preset attacks` run:
+  f = 0 was refused)."""
+  assert callable(prfl.attacks.fang_krum(0))
+  with pytest.raises(ValueError, match="`num_byzantine` must be an integer"):
+    prfl.attacks.fang_krum(-1)
+
+
+def test_threshold_objective_is_the_mean_gap_over_byzantine_starts():
+  """A radius (100) that holds every row: one step from any start moves the
+  estimate to the weighted mean, the benign rows' (1) without the attack and
+  all rows' (0 + 2 + 10) / 3 = 4 with it, so every start's gap is 3 and so
+  is their mean over the Byzantine starts (one here). Seen to fail when the
+  gaps are averaged over all N starts before the division by the Byzantine
+  count (`jnp.mean` for `jnp.sum`, mutant #220 of session 9's `--preset
+  attacks` run: 1 for 3; the line search, which only compares values, did
+  not see it)."""
+  # Jitted: one compile (0.9 s of CPU) for the eager run's many (4 s).
+  objective = jax.jit(prfl.attacks.threshold_objective(100.0, 1))
+  honest = jnp.array([[0.0], [2.0], [4.0]])
+  attacked = jnp.array([[0.0], [2.0], [10.0]])
+  byzantine = jnp.array([False, False, True])
+  np.testing.assert_allclose(objective(attacked, honest, byzantine), 3.0,
+                             rtol=1e-6)
+
+
+def test_flip_labels_flips_label_zero_and_keeps_padding():
+  """Label 0 is a class like any other: a Byzantine client's 0 becomes
+  num_classes - 1 (and 9 becomes 0), its padding -1 stays, and a benign
+  client's labels are kept. Seen to fail when only labels >= 1 flip (mutant
+  #33 of session 9's `--preset attacks` run: 0 stayed 0)."""
+  labels = jnp.array([[0, 9, -1], [0, 9, -1]])
+  out = prfl.attacks.flip_labels(labels, jnp.array([True, False]), 10)
+  np.testing.assert_array_equal(out, [[9, 0, -1], [0, 9, -1]])

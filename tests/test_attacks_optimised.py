@@ -64,6 +64,17 @@ def test_line_search_replays_byzfl(peak):
   np.testing.assert_allclose(ours, byzfl_line_search(score), rtol=1e-5)
 
 
+
+@pytest.mark.parametrize("evals, best", [(1, 0.0), (2, 10.0), (4, 70.0)])
+def test_line_search_makes_exactly_evals_evaluations(evals, best):
+  """On an increasing score every try improves, so the expansion goes on
+  doubling: from 0, the tries are 10, 30, 70, ... and after `evals`
+  evaluations (the first at `start`) the best is 10 (2^(evals-1) - 1).
+  Seen to fail when the loop starts at 1 (one try fewer: 30 for 70, mutant
+  #247 of session 9's `--preset attacks` run; the replay's 20th evaluation
+  of a peaked score moved tau by less than its tolerance)."""
+  assert float(attacks.line_search(lambda t: t, evals, 0.0, 10.0, 0.8)) == best
+
 def _np_objective_median(x, byz):
   honest = x[~byz]
   return lambda bad: np.linalg.norm(
@@ -309,3 +320,29 @@ def test_fang_krum_sends_zero_where_the_benign_mean_is_zero():
   assert np.all(np.isfinite(out))
   np.testing.assert_array_equal(out[byz, 1], 0.0)
   assert np.all(np.abs(out[byz][:, [0, 2, 3, 4]]) > 0)
+
+
+def test_sample_std_of_two_benign_rows_divides_by_one():
+  """With two benign rows, 0 and 2, the sample variance (ddof 1) is
+  (1 + 1) / (2 - 1) = 2 (ByzFL's ALIE: sd sqrt(2)), the population one 1;
+  Byzantine rows are left out. Seen to fail when the denominator's floor
+  is 2 (`jnp.maximum(count - ddof, 2.0)`: sd 1 whenever fewer than three
+  benign rows; mutant #7 of session 9's `--preset attacks` run)."""
+  messages = {"x": jnp.array([[0.0], [2.0], [50.0]])}
+  byzantine = jnp.array([False, False, True])
+  for ddof, sd in ((1, np.sqrt(2.0)), (0, 1.0)):
+    mean, std = base.benign_stats(messages, byzantine, ddof=ddof)
+    np.testing.assert_allclose(mean["x"], [1.0])
+    np.testing.assert_allclose(std["x"], [sd], rtol=1e-6)
+
+
+def test_search_step_must_be_non_zero_and_may_be_one():
+  """A zero `delta` would leave the search at `start` and is refused naming
+  it; 1 (or -1) is a step like any other. Seen to fail when the check
+  compares with 1 (`delta == 1`: 0 was accepted and 1 refused; mutant
+  #230 of session 9's `--preset attacks` run)."""
+  objective = lambda *a: 0.0
+  for delta in (1.0, -1.0):
+    attacks.optimised_alie(objective, delta=delta)
+  with pytest.raises(ValueError, match="`delta` must be non-zero"):
+    attacks.optimised_ipm(objective, delta=0.0)
