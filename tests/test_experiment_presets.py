@@ -76,6 +76,20 @@ def _warmup_seeds() -> dict:
   return runs
 
 
+SEP_SEEDS = (0, 1, 2, 3, 4)
+
+
+def _separation_seeds() -> dict:
+  """The default over seeds with the separation diagnostics (session 9,
+  issue 19): the synthetic_s*_w5 runs again, with sep_*; Myopic at seed 0
+  only (the committed runs hold it for the other seeds)."""
+  return {f"momentum_clustering/separation_synthetic/s{seed}": (
+      "momentum_variants", "synthetic",
+      ["--variants", "assigned_stable_warm" + (",myopic" if seed == 0 else
+                                               ""),
+       "--warmup-rounds", "5", "--seed", str(seed)]) for seed in SEP_SEEDS}
+
+
 # Results directory -> (experiment, preset, flags typed after it).
 COMMITTED = {
     "mnist/digits": ("mnist", "digits", []),
@@ -256,6 +270,7 @@ COMMITTED = {
                             "--mc-freeze-stable", "5", "--mc-warmup", "10",
                             "--no-mc-seed-average"]),
     **_warmup_seeds(),
+    **_separation_seeds(),
 }
 # The names of the runs before the options layer, per experiment.
 _COMMON = {"num_clusters": "clusters", "num_rounds": "rounds",

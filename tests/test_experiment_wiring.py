@@ -405,3 +405,31 @@ def test_registry_gives_mc_the_step_lr_over_alpha(monkeypatch):
     opt = seen["opt"]
     update, _ = opt.update(jnp.ones(1), opt.init(jnp.zeros(1)))
     np.testing.assert_allclose(update, [step], rtol=1e-6)
+
+
+def test_federation_sizes_allow_a_batch_of_a_whole_training_set():
+  """Digits over 4 x 10 clients: 35 training examples each, a batch of 35
+  is allowed (36 is refused, by `test_federation_sizes_by_hand`). Seen to
+  fail with `batch_size > train` -> `>=` (session 9's mutant #59 of
+  `--preset experiments`)."""
+  sizes = training.federation_sizes("digits", 4, 10, batch_size=35)
+  assert sizes.train_per_client == 35
+
+
+def test_registry_gives_cfl_twice_the_clusters_at_most(monkeypatch):
+  """CFL may split into 2 K clusters (4 for K = 2), with the settings' two
+  thresholds and warm-up. Seen to fail with `2 * ctx.num_clusters` -> `3 *`
+  (session 9's mutant #29 of `--preset experiments`)."""
+  seen, ctx = _captured(monkeypatch, "cfl")
+  s = registry.Settings(registry.settings(_resolve(), "cfl"),
+                        cfl_eps=(0.3, 0.7), cfl_warmup=5)
+  registry.build("cfl", ctx, s)
+  assert (seen["max_clusters"], seen["eps1"], seen["eps2"],
+          seen["warmup_rounds"]) == (4, 0.3, 0.7, 5)
+
+
+def test_a_small_federation_gets_one_fc_group():
+  """5 clients are 0.27 of the paper's group size: one group, not none.
+  Seen to fail with `max(1, ...)` -> `max(2, ...)` (session 9's mutant #63
+  of `--preset experiments`)."""
+  assert training.federation_sizes("digits", 1, 5).groups == 1
