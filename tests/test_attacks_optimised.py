@@ -346,3 +346,15 @@ def test_search_step_must_be_non_zero_and_may_be_one():
     attacks.optimised_alie(objective, delta=delta)
   with pytest.raises(ValueError, match="`delta` must be non-zero"):
     attacks.optimised_ipm(objective, delta=0.0)
+
+
+def test_edge_attacks_take_one_radius():
+  """The ball-edge attacks know the defender's one radius (a number or a
+  rule) and use it at every client's estimate: an array of two radii is
+  refused when the attack is built, naming `radius`. Seen to fail when the
+  check expects two centres (`check_radius(radius, 2)`: the pair then
+  passed; mutant #94 of session 9's `--preset attacks` run)."""
+  for make in (attacks.threshold_edge, attacks.spread_edge):
+    with pytest.raises(ValueError, match="`radius` must be a scalar"):
+      make(jnp.array([0.5, 1.0]))
+    make(0.5)
