@@ -1,6 +1,8 @@
 """Probe (session 9): the default started at the true assignment, frozen
-(truth_frozen), or any options, seeds 0-4 vmapped. Unexplained result:
-see the README ("Open").
+(truth_frozen), or any options, seeds 0-4 vmapped. Output:
+truth_frozen.out. truth_frozen_equal_centres.out is the same probe before
+the carried centres were made distinct (all 0: Threshold-Clustering merged
+them onto cluster 0's, whatever `members` said; error 2.7-4.6).
 
 argv[1]: library kwargs (dict literal); argv[2]: probe options: rounds,
 warm, lr, mom, q, truth_frozen (start from the true assignment, frozen).
@@ -29,7 +31,10 @@ def simulate(kw, rounds=300, warm=5, lr=0.004, mom=0.9, q=0.95, truth_frozen=Fal
     s = alg.init(jnp.zeros((n, 10)))
     if truth_frozen:  # Seeded (round 1) at the truth, already still.
       s = s._replace(assignment=jnp.asarray(truth, jnp.int32), round=jnp.ones((), jnp.int32),
-                     still=jnp.full((), 10, jnp.int32))
+                     still=jnp.full((), 10, jnp.int32),
+                     # Distinct carried centres: coinciding ones are merged
+                     # by Threshold-Clustering whatever `members` says.
+                     centers=1e-3 * jnp.arange(1.0, K + 1)[:, None] * jnp.ones((K, 10)))
     return s
   state = jax.vmap(init)(jnp.arange(len(seeds)))
   step = jax.jit(jax.vmap(alg.step))
