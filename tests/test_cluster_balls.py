@@ -57,6 +57,30 @@ def test_members_fixed_during_the_steps(method):
   np.testing.assert_allclose(free[0][:, 0], [0.5, 11.0], **LIBRARY)
 
 
+@pytest.mark.parametrize("method", ["direct", "gram"])
+def test_equal_starts_with_members_each_follow_their_own(method):
+  """Two centres that start equal at 0, members [0, 0, 1, 1, 1]: centre 0
+  averages 0 and 1 -> 0.5, centre 1 averages 10, 11, 12 -> 11, and points
+  2-4 are assigned to centre 1, as the docstring says (each centre keeps
+  its members). Failed before (session 9, found by a probe of
+  Momentum-Clustering started from all-zero centres): a repeated start
+  followed the first one's iterates, so both centres ended at 0.5 and
+  every point went to centre 0."""
+  members = jnp.array([0, 0, 1, 1, 1])
+  centers, assignment, _ = prfl.cluster_and_assign(
+      POINTS, jnp.zeros((2, 1)), radius=100.0, num_iters=2, method=method,
+      balls="assigned", members=members)
+  np.testing.assert_allclose(centers[:, 0], [0.5, 11.0], **LIBRARY)
+  np.testing.assert_array_equal(assignment, [0, 0, 1, 1, 1])
+  # Without members of its own, a repeated start follows the first and
+  # gets no point (the seeding round: every member -1).
+  centers, assignment, _ = prfl.cluster_and_assign(
+      POINTS, jnp.zeros((2, 1)), radius=100.0, num_iters=2, method=method,
+      balls="assigned", members=jnp.array([0, 0, -1, -1, -1]))
+  np.testing.assert_allclose(centers[:, 0], centers[0, 0], **LIBRARY)
+  np.testing.assert_array_equal(assignment, [0] * 5)
+
+
 def test_quantile_radius_over_own_members():
   """q = 0.5 over centre 1's members {10, 11, 12} (distances 0, 1, 2 from
   10): radius 1, so 10 and 11 are inside and centre 1 moves to

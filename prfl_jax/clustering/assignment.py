@@ -206,6 +206,12 @@ def _combination_cluster_and_assign(points, init_centers, radius, num_iters,
           lambda m, v: m + b.reshape((-1,) + (1,) * (v.ndim - 1)).astype(
               v.dtype) * v, tree_lib.combine(a, points), init_centers)
       return tree_lib.sq_distances(points, centers).T
+  if members is not None:
+    # A centre with members of its own follows them, so centres that start
+    # equal part as soon as their members differ; a repeated start without
+    # members still follows the first one's iterates.
+    owns = jnp.any(members[None, :] == jnp.arange(k)[:, None], axis=1)
+    first = jnp.where(owns, jnp.arange(k, dtype=jnp.int32), first)
   valid_kn = jnp.broadcast_to(valid, (k, n))
   dtype = weights.dtype
 
@@ -322,7 +328,9 @@ def cluster_and_assign(points: PyTree, init_centers: PyTree, *,
   unusable point belongs to no centre. Repeated initial centres then get
   no points (ties go to the lowest index). With `members` (e.g. the last
   round's assignment) each centre keeps those points for all the steps
-  instead, so the centres follow their points wherever they moved, and only
+  instead (also centres that start equal: each follows its own members;
+  a repeated start that has none follows the first, as above),
+  so the centres follow their points wherever they moved, and only
   the final assignment changes membership; with `sticky=True` a point
   inside its member centre's final ball (the last step's radius) stays
   with it, and only the others go to their nearest centre.
