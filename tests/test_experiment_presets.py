@@ -184,6 +184,14 @@ COMMITTED = {
         "byzantine", "protocol_20pct",
         ["--rounds", "20", "--eval-every", "10", "--algorithms",
          "ifca_median", "--attacks", "opt_ipm,alie,ipm,mimic,edge"]),
+    "byzantine/protocol_20pct/fashion_private_label_fc_edge": (
+        "byzantine", "protocol_20pct_fashion",
+        ["--attacks", "edge,spread_edge"]),
+    "byzantine/protocol_20pct/digits_private_label_global_20rounds": (
+        "byzantine", "protocol_20pct",
+        ["--rounds", "20", "--eval-every", "10", "--algorithms",
+         "global_median,global_trimmed_mean,global_krum,global_gm,global_cc",
+         "--attacks", "min_max"]),
     "byzantine/protocol_digits/private_label_fc": (
         "byzantine", "protocol_digits", ["--algorithms", "fc_ball_cap"]),
     "synthetic/figure2_n75": ("synthetic", "figures2_3",
