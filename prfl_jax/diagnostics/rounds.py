@@ -143,9 +143,7 @@ def separation_stats(points: PyTree, truth: Truth, rows: jax.Array) -> dict:
   sizes = jnp.sum(onehot, axis=0)  # [K_true]
   present = sizes > 0
   # Uncounted points (a Byzantine inf or NaN) are zeroed before any sum.
-  points = jax.tree.map(
-      lambda z: jnp.where(rows.reshape((-1,) + (1,) * (z.ndim - 1)), z, 0.0),
-      points)
+  points = tree_lib.where(rows, points, jax.tree.map(jnp.zeros_like, points))
   means = tree_lib.combine(onehot.T / jnp.where(present, sizes, 1.0)[:, None],
                            points)
   d2 = jnp.maximum(tree_lib.sq_distances(points, means), 0.0)  # [N, K_true]
