@@ -96,6 +96,24 @@ def test_split_conditions():
     np.testing.assert_array_equal(state.clusters, 0)
 
 
+
+def test_warmup_counts_the_rounds_done():
+  """`warmup_rounds=2` on the stationary federation of
+  `test_two_rounds_match_numpy` (its mean update is 0, so the parameters
+  and the split conditions stay as they are): no split in rounds 1 and 2,
+  the split in round 3, and `round` counts one per step. Seen to fail when
+  a step adds 2 to `round` (session 10's mutant #283 of `--preset
+  algorithms`: the split comes in round 2)."""
+  alg = cfl(quadratic, optax.sgd(0.5), eps1=0.1, eps2=0.3, max_clusters=4,
+            warmup_rounds=2)
+  state = alg.init(jnp.zeros((5, 2)))
+  batch = jnp.asarray(TARGETS)[:, None, :]
+  step = jax.jit(alg.step)
+  for r in range(3):
+    state, metrics = step(state, batch, jax.random.PRNGKey(r))
+    assert int(state.round) == r + 1
+    assert int(metrics["split"]) == (r == 2), r
+
 def test_local_steps_update():
   eta, steps = 0.25, 2
   alg = cfl(quadratic, optax.sgd(eta), eps1=0.0, eps2=0.0, max_clusters=2,

@@ -98,3 +98,45 @@ def test_mda_keeps_the_subset_of_least_diameter_by_hand():
   x = jnp.array([[-1.0, 1.0], [3.0, 1.0], [2.0, 1.0], [1.0, -1.0]])
   np.testing.assert_allclose(aggregators.mda(1)(x), [2.0, 1.0 / 3.0],
                              rtol=1e-6)
+
+
+def test_caf_filters_an_outlier_at_any_scale():
+  """Four rows within 0.1 of 0 and one at (10, 10), f = 1, all scaled by
+  1e6 (and 1e-8): CAF's weights fall on the outlier and the aggregate stays
+  within 0.1 (scaled) of 0, as unscaled (0.008, -0.022). The mean is (2,
+  1.99). Seen to fail when the squared projections are multiplied by the
+  top eigenvalue instead of divided (`spectral.top_direction`, session 10's
+  mutant #391 of `--preset aggregators`): the ratio `tau / max tau` is the
+  same in exact arithmetic, but `proj^2 * lambda` grows as the sixth power
+  of the scale, overflows float32 at 1e6 (inf / inf) and flushes to 0 at
+  1e-8, and CAF returns the mean."""
+  x = jnp.array([[0.0, 0.0], [0.1, 0.0], [-0.1, 0.05], [0.0, -0.1],
+                 [10.0, 10.0]])
+  rule = jax.jit(aggregators.caf(1))  # One compile for both scales.
+  for scale in (1e6, 1e-8):
+    got = np.asarray(rule(scale * x)) / scale
+    assert np.all(np.abs(got) < 0.1), (scale, got)
+
+
+def test_mda_measures_squared_distances_with_twice_the_inner_product():
+  """Points -0.5, 0.5 and 1.6, f = 1: the closest pair is (-0.5, 0.5),
+  distance 1 against 1.1, so MDA is 0. Seen to fail when the squared
+  distance takes three inner products (`2.0 * g` -> `3.0 * g` in
+  `subsets._diameter`, session 10's mutant #480 of `--preset aggregators`:
+  0.25 + 2.56 - 2.4 = 0.41 for (0.5, 1.6) beats 1.25, and MDA is 1.05).
+  Points symmetric about 0 or a pair at the origin tell the two apart
+  only by chance."""
+  x = jnp.array([[-0.5], [0.5], [1.6]])
+  np.testing.assert_allclose(aggregators.mda(1)(x), [0.0], atol=1e-6)
+
+
+def test_cap_duplicates_measures_the_tolerance_against_the_longer_row():
+  """Rows (2, 0) and (1.2, 0) at tolerance 0.5: distance 0.8 <= 0.5 * 2, so
+  the later row is dropped whichever of the two comes first. Seen to fail
+  when the tolerance takes the later row's norm only (`norms[None, :]` ->
+  `norms[:, None]` in `cap_duplicates`, session 10's mutant #270 of
+  `--preset aggregators`: 0.8 > 0.5 * 1.2 keeps (1.2, 0) after (2, 0))."""
+  for x in ([[2.0, 0.0], [1.2, 0.0]], [[1.2, 0.0], [2.0, 0.0]]):
+    _, got = aggregators.cap_duplicates(0.5)({"x": jnp.array(x)},
+                                             jnp.ones(2))
+    np.testing.assert_array_equal(got, [1.0, 0.0])
