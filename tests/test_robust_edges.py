@@ -140,3 +140,16 @@ def test_cap_duplicates_measures_the_tolerance_against_the_longer_row():
     _, got = aggregators.cap_duplicates(0.5)({"x": jnp.array(x)},
                                              jnp.ones(2))
     np.testing.assert_array_equal(got, [1.0, 0.0])
+
+
+def test_cap_duplicates_takes_a_tolerance_in_zero_to_one():
+  """Tolerances 0 and 0.999 are allowed; 1, 1.5 and -0.1 are refused (the
+  docstring's [0, 1): at 1 two rows of equal norm 60 degrees apart would
+  be one). Seen to fail when the bound is 2 (`check_fraction(..., 1.0)` ->
+  `2.0` in `cap_duplicates`, session 10's mutant #265 of `--preset
+  aggregators`)."""
+  aggregators.cap_duplicates(0.0)
+  aggregators.cap_duplicates(0.999)
+  for bad in (1.0, 1.5, -0.1):
+    with pytest.raises(ValueError, match="tolerance"):
+      aggregators.cap_duplicates(bad)
