@@ -153,3 +153,32 @@ def test_cap_duplicates_takes_a_tolerance_in_zero_to_one():
   for bad in (1.0, 1.5, -0.1):
     with pytest.raises(ValueError, match="tolerance"):
       aggregators.cap_duplicates(bad)
+
+
+def test_signguard_keeps_only_rows_that_pass_both_filters():
+  """Four rows about (1, 1); (30, 0.001) has their signs but 21 times the
+  median norm (outside the norm filter), (-1, -1) their norm but the other
+  signs (outside the largest sign cluster): SignGuard averages the four,
+  clipped to the median norm M = (sqrt(2) + sqrt(2.08)) / 2, which scales
+  (1.2, 0.8) and (0.8, 1.2) by c = M / sqrt(2.08): (1 + c) / 2 (1, 1).
+  Seen to fail when a row needs to pass either filter (`s1 & s2` -> `s1 |
+  s2`, session 10's mutant #373 of `--preset aggregators`: all six rows are
+  averaged, (0.73, 0.50))."""
+  x = jnp.array([[1.0, 1.0], [1.2, 0.8], [0.8, 1.2], [1.0, 1.0],
+                 [30.0, 0.001], [-1.0, -1.0]])
+  c = (np.sqrt(2.0) + np.sqrt(2.08)) / 2 / np.sqrt(2.08)
+  np.testing.assert_allclose(aggregators.signguard()(x),
+                             [(1 + c) / 2] * 2, rtol=1e-5)
+
+
+def test_mean_shift_counts_points_at_exactly_the_bandwidth():
+  """Points 0, 1, 2 at quantile 0.5: each one's nearest other point is at
+  1, so h = 1 exactly; the ends climb to 0.5 and 1.5 (their neighbour at
+  distance h counts), 1 stays, and the modes 0.5 apart (h / 2) form one
+  cluster of all three. Seen to fail when a point at distance h is left
+  out of the climb (`<= h * h` -> `<`, session 10's mutant #312 of
+  `--preset aggregators`: every point stays alone) or modes h / 2 apart are
+  not one cluster (`<= h * h / 4` -> `<`, #327): only point 0 is kept."""
+  got = signs.largest_mean_shift_cluster(
+      jnp.array([[0.0], [1.0], [2.0]]), jnp.ones(3, bool), 0.5, 5)
+  np.testing.assert_array_equal(got, [True, True, True])
