@@ -182,3 +182,16 @@ def test_mean_shift_counts_points_at_exactly_the_bandwidth():
   got = signs.largest_mean_shift_cluster(
       jnp.array([[0.0], [1.0], [2.0]]), jnp.ones(3, bool), 0.5, 5)
   np.testing.assert_array_equal(got, [True, True, True])
+
+
+def test_mean_shift_measures_distances_over_every_feature():
+  """Points (0, 0), (3, 0), (5, 0) at quantile 0.5: h = (3 + 2 + 2) / 3 =
+  7/3, so (0, 0) has no neighbour and (3, 0), (5, 0) climb to (4, 0): the
+  largest cluster is the last two. Seen to fail when the squared distance
+  is averaged over the features instead of summed (`jnp.sum` -> `jnp.mean`
+  in the climb, session 10's mutant #313 of `--preset aggregators`: a
+  radius of h sqrt(2) joins (0, 0) and (3, 0), and only (0, 0) is kept)."""
+  got = signs.largest_mean_shift_cluster(
+      jnp.array([[0.0, 0.0], [3.0, 0.0], [5.0, 0.0]]), jnp.ones(3, bool),
+      0.5, 5)
+  np.testing.assert_array_equal(got, [False, True, True])
