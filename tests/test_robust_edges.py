@@ -178,10 +178,14 @@ def test_mean_shift_counts_points_at_exactly_the_bandwidth():
   cluster of all three. Seen to fail when a point at distance h is left
   out of the climb (`<= h * h` -> `<`, session 10's mutant #312 of
   `--preset aggregators`: every point stays alone) or modes h / 2 apart are
-  not one cluster (`<= h * h / 4` -> `<`, #327): only point 0 is kept."""
-  got = signs.largest_mean_shift_cluster(
-      jnp.array([[0.0], [1.0], [2.0]]), jnp.ones(3, bool), 0.5, 5)
-  np.testing.assert_array_equal(got, [True, True, True])
+  not one cluster (`<= h * h / 4` -> `<`, #327): only point 0 is kept.
+  One climb already reaches the modes, so with `num_iters=1` too; seen to
+  fail when the climb loop starts at 1 (`fori_loop(0, ...)` -> `(1, ...)`,
+  #326: no climb at all)."""
+  for num_iters in (1, 5):
+    got = signs.largest_mean_shift_cluster(
+        jnp.array([[0.0], [1.0], [2.0]]), jnp.ones(3, bool), 0.5, num_iters)
+    np.testing.assert_array_equal(got, [True, True, True])
 
 
 def test_mean_shift_measures_distances_over_every_feature():
@@ -195,3 +199,15 @@ def test_mean_shift_measures_distances_over_every_feature():
       jnp.array([[0.0, 0.0], [3.0, 0.0], [5.0, 0.0]]), jnp.ones(3, bool),
       0.5, 5)
   np.testing.assert_array_equal(got, [False, True, True])
+
+
+def test_caf_makes_at_most_max_iters_passes():
+  """`max_iters=1`: one pass, whose eigenvalue is that of the starting
+  weights, so CAF returns the plain mean (2, 1.99) of the rows of
+  `test_caf_filters_an_outlier_at_any_scale`. Seen to fail when the loop
+  runs while `it <= max_iters` (session 10's mutant #414 of `--preset
+  aggregators`: a second pass down-weights the outlier)."""
+  x = jnp.array([[0.0, 0.0], [0.1, 0.0], [-0.1, 0.05], [0.0, -0.1],
+                 [10.0, 10.0]])
+  np.testing.assert_allclose(aggregators.caf(1, max_iters=1)(x),
+                             jnp.mean(x, axis=0), rtol=1e-6)
