@@ -209,15 +209,22 @@ def with_cluster_spreads(alg, truth):
   """`alg` (Momentum-Clustering) whose step also reports
   `sep_spread_per_cluster`, `[K_true]`: every true cluster's root-mean-square
   distance of its benign clients' momenta (the state's, not bias-corrected)
-  to their mean, of which `sep_spread` is the maximum."""
+  to their mean, of which the step's `sep_spread` is the maximum
+  (`prfl.diagnostics.rounds.separation_stats`)."""
   t = prfl.diagnostics.check_true_clusters(truth)
 
   def step(state, batch, key):
     state, metrics = alg.step(state, batch, key)
-    spread = lambda c: prfl.diagnostics.rounds.separation_stats(
-        state.momentum, t, ~state.byzantine & (t.clusters == c))["sep_spread"]
-    metrics["sep_spread_per_cluster"] = jax.vmap(spread)(
-        jnp.arange(t.num_clusters))
+    rows = ~state.byzantine
+    onehot = jax.nn.one_hot(t.clusters, t.num_clusters) * rows[:, None]
+    sizes = jnp.maximum(jnp.sum(onehot, axis=0), 1.0)
+    # Uncounted rows (a Byzantine inf or NaN) are zeroed before any sum.
+    points = prfl.tree.where(rows, state.momentum,
+                             jax.tree.map(jnp.zeros_like, state.momentum))
+    means = prfl.tree.combine(onehot.T / sizes[:, None], points)
+    d2 = jnp.maximum(prfl.tree.sq_distances(points, means), 0.0)  # [N, K]
+    metrics["sep_spread_per_cluster"] = jnp.sqrt(
+        jnp.sum(d2 * onehot, axis=0) / sizes)
     return state, metrics
 
   return alg._replace(step=step)
