@@ -71,6 +71,11 @@ VARIANTS = {
     # then taking its mean model.
     "assigned_stable_warm": {**_ASSIGNED, "freeze_when_stable": STABLE,
                              "warmup_rounds": WARMUP, "seed_average": True},
+    # ... each client then going to the centre whose mean model gives it
+    # the lowest loss (IFCA's signal), not the nearest to its momentum.
+    "assigned_stable_warm_loss": {**_ASSIGNED, "freeze_when_stable": STABLE,
+                                  "warmup_rounds": WARMUP,
+                                  "seed_average": True, "assign": "loss"},
     # Diagnostics, not methods (session 9, issue 19; README "Why the
     # assignment never settles"). Every client steps with its own momentum
     # in every round, never clustered: the momenta's geometry along the
