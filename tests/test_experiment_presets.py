@@ -301,7 +301,7 @@ COMMITTED = {
     **_warmup_seeds(),
     **_separation_seeds(),
     **_held_seeds(),
-    # **_loss_seeds(): added with its runs.
+    **_loss_seeds(),
 }
 # The names of the runs before the options layer, per experiment.
 _COMMON = {"num_clusters": "clusters", "num_rounds": "rounds",
