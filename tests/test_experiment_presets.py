@@ -208,6 +208,8 @@ COMMITTED = {
     "byzantine/protocol_20pct/fashion_private_label_fc_edge": (
         "byzantine", "protocol_20pct_fashion",
         ["--attacks", "edge,spread_edge"]),
+    "byzantine/protocol_20pct/fashion_private_label_fc_spread": (
+        "byzantine", "protocol_20pct_fashion", ["--attacks", "spread_edge"]),
     "byzantine/protocol_20pct/digits_private_label_global_20rounds": (
         "byzantine", "protocol_20pct",
         ["--rounds", "20", "--eval-every", "10", "--algorithms",
