@@ -304,6 +304,9 @@ COMMITTED = {
     **_separation_seeds(),
     **_held_seeds(),
     **_loss_seeds(),
+    # ... and on Table 1's tasks (session 10).
+    "momentum_clustering/loss_assign_digits_table1": (
+        "mnist", "digits", ["--algorithms", "mc", "--mc-assign", "loss"]),
 }
 # The names of the runs before the options layer, per experiment.
 _COMMON = {"num_clusters": "clusters", "num_rounds": "rounds",
