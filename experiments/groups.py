@@ -187,6 +187,11 @@ class Baselines:
       0.0, "Momentum-Clustering with mc_freeze_stable: a round counts as "
       "still when at most this share of the clients changed centre (0: "
       "none)", low=0, high=1, high_open=True)
+  mc_assign: str = option(
+      "momentum", "Momentum-Clustering: how a client picks its centre "
+      "after seeding (momentum: nearest to its momentum, Algorithm 3; "
+      "loss: lowest loss at a centre's mean model, IFCA's signal)",
+      choices=("momentum", "loss"))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,6 +41,8 @@ from experiments.options import group, option
 FREEZE = "--freeze-after"  # Stand for the options' values.
 STABLE = "--stable-rounds"
 WARMUP = "--warmup-rounds"
+ROUNDS = "--rounds"
+START = "start"  # The driver's key, not the library's: see `initial_state`.
 # Every variant spells out all of the open choices, so that a committed run
 # keeps its meaning when the library's default changes. "paper" is
 # Algorithm 3 as written; "default" is the library's default before 27
@@ -69,12 +71,32 @@ VARIANTS = {
     # then taking its mean model.
     "assigned_stable_warm": {**_ASSIGNED, "freeze_when_stable": STABLE,
                              "warmup_rounds": WARMUP, "seed_average": True},
+    # ... each client then going to the centre whose mean model gives it
+    # the lowest loss (IFCA's signal), not the nearest to its momentum.
+    "assigned_stable_warm_loss": {**_ASSIGNED, "freeze_when_stable": STABLE,
+                                  "warmup_rounds": WARMUP,
+                                  "seed_average": True, "assign": "loss"},
+    # Diagnostics, not methods (session 9, issue 19; README "Why the
+    # assignment never settles"). Every client steps with its own momentum
+    # in every round, never clustered: the momenta's geometry along the
+    # warm-up's trajectory, read off the sep_* curves.
+    "own": {**_ASSIGNED, "warmup_rounds": ROUNDS, "seed_average": False,
+            "freeze_when_stable": None},
+    # Started at the true assignment (round 1, frozen: no client ever
+    # changes centre), with distinct carried centres; the equal-centres
+    # form starts every centre at 0, which Threshold-Clustering merges.
+    "truth_frozen": {**_ASSIGNED, "warmup_rounds": 0, "seed_average": False,
+                     "freeze_when_stable": 1, START: "truth"},
+    "truth_frozen_equal_centres": {
+        **_ASSIGNED, "warmup_rounds": 0, "seed_average": False,
+        "freeze_when_stable": 1, START: "truth_equal_centres"},
 }
 BASELINES = ("myopic", "oracle")
 CURVES = ("num_active_clusters", "distinct_centers", "ari", "nmi", "purity",
           "byzantine_weight", "effective_count", "own_weight",
           "center_dist_min", "carried_weight", "reseeded", "moved",
-          "frozen", "sep_spread", "sep_delta", "sep_ari", "loss",
+          "frozen", "sep_spread", "sep_delta", "sep_ari",
+          "sep_spread_per_cluster", "loss",
           "grad_norm", "error")
 
 
@@ -111,6 +133,10 @@ class Config:
       5, "the '_warm' and '_warmup' variants: rounds of own-momentum steps "
       "before the centres are seeded (the library's default; the committed "
       "runs' presets before session 8 set 10)", low=1)
+  cluster_spreads: bool = option(
+      False, "log every true cluster's momentum spread in every round "
+      "(curve sep_spread_per_cluster, [rounds, K]; the Momentum-Clustering "
+      "variants)")
 
 
 def resolve(cfg: Config) -> Config:
@@ -172,15 +198,60 @@ def build(name, cfg: Config, loss_fn, truth, lr, momentum):
         radius=prfl.quantile_radius(cfg.clustering.quantile), method="gram",
         true_clusters=truth)
   values = {FREEZE: cfg.freeze_after, STABLE: cfg.stable_rounds,
-            WARMUP: cfg.warmup_rounds}
+            WARMUP: cfg.warmup_rounds, ROUNDS: cfg.schedule.rounds}
   kw = {k: values.get(v, v) if isinstance(v, str) else v
-        for k, v in VARIANTS[name].items()}
+        for k, v in VARIANTS[name].items() if k != START}
   q = (cfg.clustering.quantile if kw.get("balls") == "all" else
        cfg.assigned_quantile)
-  return prfl.algorithms.momentum_clustering(
+  alg = prfl.algorithms.momentum_clustering(
       loss_fn, optax.sgd(lr / alpha), num_clusters=cfg.federation.clusters,
       radius=prfl.quantile_radius(q), alpha=alpha, method="gram",
       true_clusters=truth, **kw)
+  return with_cluster_spreads(alg, truth) if cfg.cluster_spreads else alg
+
+
+def with_cluster_spreads(alg, truth):
+  """`alg` (Momentum-Clustering) whose step also reports
+  `sep_spread_per_cluster`, `[K_true]`: every true cluster's root-mean-square
+  distance of its benign clients' momenta (the state's, not bias-corrected)
+  to their mean, of which the step's `sep_spread` is the maximum
+  (`prfl.diagnostics.rounds.separation_stats`)."""
+  t = prfl.diagnostics.check_true_clusters(truth)
+
+  def step(state, batch, key):
+    state, metrics = alg.step(state, batch, key)
+    rows = ~state.byzantine
+    onehot = jax.nn.one_hot(t.clusters, t.num_clusters) * rows[:, None]
+    sizes = jnp.maximum(jnp.sum(onehot, axis=0), 1.0)
+    # Uncounted rows (a Byzantine inf or NaN) are zeroed before any sum.
+    points = prfl.tree.where(rows, state.momentum,
+                             jax.tree.map(jnp.zeros_like, state.momentum))
+    means = prfl.tree.combine(onehot.T / sizes[:, None], points)
+    d2 = jnp.maximum(prfl.tree.sq_distances(points, means), 0.0)  # [N, K]
+    metrics["sep_spread_per_cluster"] = jnp.sqrt(
+        jnp.sum(d2 * onehot, axis=0) / sizes)
+    return state, metrics
+
+  return alg._replace(step=step)
+
+
+def initial_state(name, alg, params, truth, byzantine=None):
+  """The state variant `name` starts from: None (`alg.init`'s) except for
+  the 'truth_frozen' variants: seeded (round 1) at the true assignment,
+  already frozen, with carried centres `1e-3 * (k + 1)` in every coordinate
+  (distinct) or all 0 (`truth_equal_centres`)."""
+  how = VARIANTS.get(name, {}).get(START)
+  if how is None:
+    return None
+  state = alg.init(params, byzantine=byzantine)
+  k = prfl.tree.num_leading(state.centers)
+  scale = jnp.arange(1.0, k + 1) * (1e-3 if how == "truth" else 0.0)
+  centers = jax.tree.map(
+      lambda c: (scale.reshape((k,) + (1,) * (c.ndim - 1)) *
+                 jnp.ones_like(c)).astype(c.dtype), state.centers)
+  return state._replace(assignment=jnp.asarray(truth, jnp.int32),
+                        round=jnp.ones((), jnp.int32),
+                        still=jnp.ones((), jnp.int32), centers=centers)
 
 
 def run(cfg: Config, prepared, tracker, command: str = ""):
@@ -195,12 +266,15 @@ def run(cfg: Config, prepared, tracker, command: str = ""):
   start = time.perf_counter()
   for i, name in enumerate(names):
     t0 = time.perf_counter()
-    r = prfl.train(build(name, cfg, loss_fn, truth, lr, momentum), params,
-                   data, num_rounds=rounds,
+    alg = build(name, cfg, loss_fn, truth, lr, momentum)
+    state0 = initial_state(name, alg, params, truth, byz)
+    r = prfl.train(alg, params, data, num_rounds=rounds,
                    key=jax.random.key(cfg.run.seed + 1), batch_size=batch,
                    eval_fn=eval_fn, eval_every=cfg.schedule.eval_every or
                    max(1, rounds // 20),
-                   byzantine=byz, verbose=False)
+                   byzantine=byz if state0 is None else None,
+                   initial_state=state0,
+                   verbose=False)
     h = r.history
     curves = {k: np.asarray(h[f"train/{k}"]).tolist() for k in CURVES
               if f"train/{k}" in h}

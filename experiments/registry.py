@@ -310,7 +310,7 @@ def _myopic(ctx, s):
     "mc_quantile", "mc_sticky", "mc_warmup", "mc_seed_average",
     "mc_reseed",
     "mc_bias_correction", "mc_freeze", "mc_freeze_stable",
-    "mc_stable_share"))
+    "mc_stable_share", "mc_assign"))
 def _mc(ctx, s):
   """Momentum-Clustering's momentum is `m = alpha g + (1 - alpha) m` with
   alpha = 1 - momentum by default; with the step lr / alpha this is exactly
@@ -336,7 +336,8 @@ def _mc(ctx, s):
       bias_correction=s.mc_bias_correction,
       freeze_after=s.mc_freeze,
       freeze_when_stable=s.mc_freeze_stable if assigned else None,
-      stable_share=s.mc_stable_share, true_clusters=ctx.clusters)
+      stable_share=s.mc_stable_share, assign=s.mc_assign,
+      true_clusters=ctx.clusters)
 
 
 for _name, _agg, _label in (

@@ -90,6 +90,27 @@ def _separation_seeds() -> dict:
        "--warmup-rounds", "5", "--seed", str(seed)]) for seed in SEP_SEEDS}
 
 
+def _held_seeds() -> dict:
+  """Session 9's probes as driver variants (session 10, issue 19): own
+  momentum steps only, and the default started at the truth, frozen, with
+  distinct or equal carried centres; per-cluster spreads logged."""
+  return {f"momentum_clustering/separation_synthetic/own_truth_s{seed}": (
+      "momentum_variants", "synthetic",
+      ["--variants", "own,truth_frozen,truth_frozen_equal_centres",
+       "--cluster-spreads", "--seed", str(seed)]) for seed in SEP_SEEDS}
+
+
+def _loss_seeds() -> dict:
+  """The default with IFCA's signal for the assignment (`assign="loss"`)
+  over seeds (session 10, issue 19); the default beside it at seed 0 (its
+  curves must equal separation_synthetic/s0's)."""
+  return {f"momentum_clustering/loss_assign_synthetic/s{seed}": (
+      "momentum_variants", "synthetic",
+      ["--variants", "assigned_stable_warm_loss" + (
+          ",assigned_stable_warm" if seed == 0 else ""),
+       "--warmup-rounds", "5", "--seed", str(seed)]) for seed in SEP_SEEDS}
+
+
 # Results directory -> (experiment, preset, flags typed after it).
 COMMITTED = {
     "mnist/digits": ("mnist", "digits", []),
@@ -187,6 +208,8 @@ COMMITTED = {
     "byzantine/protocol_20pct/fashion_private_label_fc_edge": (
         "byzantine", "protocol_20pct_fashion",
         ["--attacks", "edge,spread_edge"]),
+    "byzantine/protocol_20pct/fashion_private_label_fc_spread": (
+        "byzantine", "protocol_20pct_fashion", ["--attacks", "spread_edge"]),
     "byzantine/protocol_20pct/digits_private_label_global_20rounds": (
         "byzantine", "protocol_20pct",
         ["--rounds", "20", "--eval-every", "10", "--algorithms",
@@ -279,6 +302,11 @@ COMMITTED = {
                             "--no-mc-seed-average"]),
     **_warmup_seeds(),
     **_separation_seeds(),
+    **_held_seeds(),
+    **_loss_seeds(),
+    # ... and on Table 1's tasks (session 10).
+    "momentum_clustering/loss_assign_digits_table1": (
+        "mnist", "digits", ["--algorithms", "mc", "--mc-assign", "loss"]),
 }
 # The names of the runs before the options layer, per experiment.
 _COMMON = {"num_clusters": "clusters", "num_rounds": "rounds",

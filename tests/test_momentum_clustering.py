@@ -460,3 +460,40 @@ def test_seed_average_gives_every_client_its_centres_mean_model():
     state, _ = step(state, optima, jax.random.key(t))
   np.testing.assert_allclose(state.params[:, 0], [0.19, 0.19, 2.09, 2.09],
                              atol=1e-5)
+
+
+@pytest.mark.parametrize("assign,assignment,params", [
+    ("loss", [0, 1, 1, 1], [0.45, 10.0, 10.0, 10.0]),
+    ("momentum", [1, 0, 1, 1], [0.0, 0.45, 10.0, 10.0])])
+def test_loss_assignment_picks_the_centre_model_with_the_lowest_loss(
+    assign, assignment, params):
+  """Seeded at [0, 0, 1, 1] with models 0, 0, 10, 10 and optima 0, 9, 10,
+  10; alpha 1, radius 100, one step, lr 0.1. Momenta 0, -9, 0, 0; centres
+  (members' means) -4.5 and 0. By momentum, client 0 (m = 0) goes to
+  centre 1 and client 1 (m = -9) to centre 0; by loss at the centre
+  models 0 and 10, client 0 stays and client 1 (loss 40.5 against 0.5)
+  moves to centre 1, takes its model 10 and steps with 0; client 0 steps
+  with -4.5. Seen to fail with the moved client keeping its model (0
+  instead of 10) and with the loss assignment dropped."""
+  alg = prfl.algorithms.momentum_clustering(
+      shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=100.0,
+      num_iters=1, alpha=1.0, warmup_rounds=0, seed_average=False,
+      assign=assign)
+  state = alg.init(jnp.array([[0.0], [0.0], [10.0], [10.0]]))
+  state = state._replace(assignment=jnp.array([0, 0, 1, 1], jnp.int32),
+                         round=jnp.ones((), jnp.int32),
+                         centers=jnp.array([[-1.0], [1.0]]))
+  optima = jnp.array([[0.0], [9.0], [10.0], [10.0]])[:, None]
+  state, metrics = alg.step(state, optima, jax.random.key(0))
+  np.testing.assert_array_equal(state.assignment, assignment)
+  np.testing.assert_allclose(state.params[:, 0], params, atol=1e-5)
+  assert float(metrics["moved"]) == 1.0
+
+
+@pytest.mark.parametrize("kw,message", [
+    ({"assign": "gradient"}, "assign"),
+    ({"assign": "loss", "sticky": True}, "sticky")])
+def test_bad_assign_raises(kw, message):
+  with pytest.raises(ValueError, match=message):
+    prfl.algorithms.momentum_clustering(
+        shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=1.0, **kw)
