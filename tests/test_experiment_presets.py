@@ -208,6 +208,9 @@ COMMITTED = {
     "byzantine/protocol_20pct/fashion_private_label_fc_edge": (
         "byzantine", "protocol_20pct_fashion",
         ["--attacks", "edge,spread_edge"]),
+    "byzantine/protocol_20pct/fashion_private_label_fc_60rounds": (
+        "byzantine", "protocol_20pct_fashion",
+        ["--rounds", "60", "--attacks", "alie_jitter,ipm_jitter,edge,min_sum"]),
     "byzantine/protocol_20pct/fashion_private_label_fc_spread": (
         "byzantine", "protocol_20pct_fashion", ["--attacks", "spread_edge"]),
     "byzantine/protocol_20pct/digits_private_label_global_20rounds": (
