@@ -94,13 +94,9 @@ Fashion-MNIST private label:
   centre then takes that mean model (one download), so the clients of a
   centre keep one model. The centres themselves are still
   Threshold-Clustering's of the momenta, and the directions sent are
-  still those centres. Tried for the synthetic regression, whose true
-  clusters' momenta are not nearest-mean separable even under the true
-  assignment (`separation_stats` there): it settled on every seed 0-4, on
-  the truth (error 0) on two, but with a centre emptied for good on the
-  other three (an empty centre has no model to win clients back), median
-  error 1.08 against the default's 0.60
-  (`experiments/results/momentum_clustering/README.md`); not the default.
+  still those centres. Not the default: on the synthetic regression an
+  emptied centre has no model to win clients back (median error 1.08
+  against 0.60; `docs/design.md`, the results' README).
 * `bias_correction`: the server clusters `m_i / (1 - (1 - alpha)^t)` (as
   Adam does), so that the carried centres and this round's momenta have the
   same scale during the first ~1/alpha rounds; the direction sent back is
