@@ -40,6 +40,15 @@ def test_oracle_averages_within_true_clusters_over_benign_clients():
                            clusters=[0, 1]).init(jnp.zeros((4, 1)))
 
 
+def test_oracle_rejects_a_negative_cluster_id_anywhere():
+  """A negative id after a non-negative one is refused too (the check takes
+  the smallest id, not the largest: session 11's sampled survivor
+  algorithms #111 checked `clusters.max() < 0`)."""
+  with pytest.raises(ValueError, match="non-negative"):
+    prfl.algorithms.oracle(shifted_quadratic, optax.sgd(0.5),
+                           clusters=[0, -1])
+
+
 def test_fedavg_gradient_averaging():
   alg = prfl.algorithms.fedavg(shifted_quadratic, optax.sgd(0.5))
   state, _ = alg.step(alg.init(jnp.zeros((4, 1))), C, jax.random.key(0))

@@ -211,3 +211,26 @@ def test_caf_makes_at_most_max_iters_passes():
                  [10.0, 10.0]])
   np.testing.assert_allclose(aggregators.caf(1, max_iters=1)(x),
                              jnp.mean(x, axis=0), rtol=1e-6)
+
+
+def test_monna_divides_by_the_neighbours_weight_below_one():
+  """MoNNA's mean divides by the neighbours' total weight even when it is
+  below 1: rows 0, 1, 10 with weights 0.25, 0.25, 0.5 and f = 1, so row 0's
+  two nearest (0, 1) give (0.25 * 0 + 0.25 * 1) / 0.5 = 0.5. Seen to fail
+  when the total is used only above 1 (`where(total > 1, total, 1)`:
+  session 11's sampled survivor aggregators #189 gives 0.25; the other
+  tests' weights summed to 1 or more)."""
+  got = aggregators.monna(1)(jnp.array([[0.0], [1.0], [10.0]]),
+                             jnp.array([0.25, 0.25, 0.5]))
+  np.testing.assert_allclose(got, [0.5], rtol=1e-6)
+
+
+def test_dnc_checks_subsample_dim_only_when_one_is_given():
+  """`subsample_dim=None` (every coordinate, the default) is accepted and a
+  given one must be an integer >= 1. Seen to fail when the check runs only
+  for None (session 11's sampled survivor aggregators #444: the default is
+  refused and 0 let through; the other tests build `dnc(F)` when their
+  module is imported, before the tool swaps the code in)."""
+  aggregators.dnc(1)
+  with pytest.raises(ValueError, match="subsample_dim"):
+    aggregators.dnc(1, subsample_dim=0)
