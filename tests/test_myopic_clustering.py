@@ -70,6 +70,23 @@ def test_all_clients_merge_when_gradients_are_close():
   assert np.all(np.asarray(state.assignment) == state.assignment[0])
 
 
+def test_a_merged_centre_weighs_every_client_equally():
+  """The three gradients of `test_all_clients_merge_when_gradients_are_close`
+  are within the radius of each other, so the centre they share is their
+  mean: each client's direction weighs the three messages 1/3 each
+  (effective count 3, own weight 1/3), the started-at message included,
+  which keeps `1 - sum_i a_ki` of the centre. Seen to fail when it keeps
+  `1 / (1 - sum_i a_ki)` (session 11's sampled survivor algorithms #292:
+  the diagnostics' weights were never checked)."""
+  alg = myopic_clustering(quadratic, optax.sgd(0.1), num_clusters=2,
+                          radius=0.5)
+  _, metrics = alg.step(alg.init(jnp.zeros(3)),
+                        jnp.array([[0.1], [0.2], [0.3]]),
+                        jax.random.PRNGKey(0))
+  np.testing.assert_allclose(metrics["effective_count"], 3.0, rtol=1e-5)
+  np.testing.assert_allclose(metrics["own_weight"], 1 / 3, rtol=1e-5)
+
+
 def test_jit_linear_regression_with_attack():
   loss, batch, params = linreg_federation(jax.random.PRNGKey(0))
   byz = jnp.array([False] * 5 + [True])
