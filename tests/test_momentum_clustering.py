@@ -361,6 +361,16 @@ def test_freeze_after_needs_assigned_balls_and_a_seeded_round():
           **{"freeze_after": 3, "warmup_rounds": 0, **kw})
 
 
+def test_freeze_after_may_start_right_after_the_seeded_round():
+  """With `warmup_rounds=2` the centres are seeded in round 2, so the
+  earliest freeze is `freeze_after=3` (2 is refused above). Seen to fail
+  when the least allowed value is `warmup_rounds + 2` (session 11's sampled
+  survivor algorithms #333: only the refused side was tested)."""
+  prfl.algorithms.momentum_clustering(
+      shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=1.0,
+      warmup_rounds=2, freeze_after=3)
+
+
 def test_freeze_when_stable_waits_for_a_round_without_moves():
   """`freeze_when_stable=1`, alpha 1, radius 1, lr 0.1. Round 0 seeds
   centres at momenta 0 and -10. Round 1: client 1's optimum jumps to 10 and
