@@ -234,3 +234,17 @@ def test_dnc_checks_subsample_dim_only_when_one_is_given():
   aggregators.dnc(1)
   with pytest.raises(ValueError, match="subsample_dim"):
     aggregators.dnc(1, subsample_dim=0)
+
+
+def test_dnc_normalises_weights_that_sum_below_one():
+  """Four rows near (10, 10) and an outlier at (10, 0), f = 1, weights 0.1
+  each (total 0.5): DnC centres the rows at their weighted mean, finds the
+  outlier's direction and drops it, as with weights 1. Seen to fail when
+  the weights are normalised only above a total of 1 (session 11's sampled
+  survivor aggregators #454: the centre (5, 4) points the top direction at
+  the four rows and one of them is dropped)."""
+  x = jnp.array([[10.0, 10.0], [10.1, 10.0], [10.0, 10.1], [9.9, 10.0],
+                 [10.0, 0.0]])
+  for weight in (0.1, 1.0):
+    np.testing.assert_allclose(aggregators.dnc(1)(x, jnp.full(5, weight)),
+                               [10.0, 10.025], rtol=1e-6)
