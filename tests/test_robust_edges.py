@@ -248,3 +248,16 @@ def test_dnc_normalises_weights_that_sum_below_one():
   for weight in (0.1, 1.0):
     np.testing.assert_allclose(aggregators.dnc(1)(x, jnp.full(5, weight)),
                                [10.0, 10.025], rtol=1e-6)
+
+
+def test_signguard_keeps_rows_at_exactly_the_norm_bounds():
+  """Norms 1, 2, 2, 2, 6 along one axis: M = 2, so with `low=0.5,
+  high=3.0` the first and last rows sit exactly on the bounds and are kept;
+  the last is clipped to 2: the mean is (1 + 2 + 2 + 2 + 2) / 5 = 1.8.
+  Seen to fail when the lower bound is strict (`ratio > low`, session 11's
+  sampled survivor aggregators #365: (2, 0)), and when the upper one is
+  (`ratio < high`: 1.75)."""
+  x = jnp.array([[1.0, 0.0], [2.0, 0.0], [2.0, 0.0], [2.0, 0.0],
+                 [6.0, 0.0]])
+  np.testing.assert_allclose(aggregators.signguard(low=0.5, high=3.0)(x),
+                             [1.8, 0.0], rtol=1e-6)
