@@ -303,6 +303,21 @@ def test_dead_centres_are_reseeded_in_the_largest_cluster():
     assert float(new[1, 0]) in (1.0, 2.0, 3.0) and float(new[2, 0]) == 5.0
 
 
+def test_dead_centres_are_not_reseeded_from_a_client_outside_the_largest():
+  """The clients of `test_dead_centres_are_reseeded_in_the_largest_cluster`
+  with client 0 (momentum 5) in cluster 2: the dead centre 1 still moves to
+  a member of cluster 0 (1, 2 or 3), never to 5. Seen to fail when the
+  largest cluster is taken with `argmin` (session 11's sampled survivor
+  algorithms #313: the dead centre itself, which has no member, so the
+  draw falls on client 0, which the first test's client 0 hid)."""
+  centers = jnp.array([[0.0], [0.0], [5.0]])
+  assignment = jnp.array([2, 0, 0, 0])
+  msgs = jnp.array([[5.0], [1.0], [2.0], [3.0]])
+  for seed in range(5):
+    new, _ = reseed_centers(centers, msgs, assignment, jax.random.key(seed))
+    assert float(new[1, 0]) in (1.0, 2.0, 3.0)
+
+
 def test_sticky_needs_assigned_balls():
   with pytest.raises(ValueError, match="sticky"):
     prfl.algorithms.momentum_clustering(
