@@ -76,6 +76,11 @@ VARIANTS = {
     "assigned_stable_warm_loss": {**_ASSIGNED, "freeze_when_stable": STABLE,
                                   "warmup_rounds": WARMUP,
                                   "seed_average": True, "assign": "loss"},
+    # ... and an emptied centre re-seeded: its model one own step of a
+    # random client of the largest cluster (session 11).
+    "assigned_stable_warm_loss_reseed": {
+        **_ASSIGNED, "freeze_when_stable": STABLE, "warmup_rounds": WARMUP,
+        "seed_average": True, "assign": "loss", "reseed": True},
     # Diagnostics, not methods (session 9, issue 19; README "Why the
     # assignment never settles"). Every client steps with its own momentum
     # in every round, never clustered: the momenta's geometry along the
