@@ -321,6 +321,9 @@ COMMITTED = {
     # ... and on Table 1's tasks (session 10).
     "momentum_clustering/loss_assign_digits_table1": (
         "mnist", "digits", ["--algorithms", "mc", "--mc-assign", "loss"]),
+    "momentum_clustering/loss_reseed_digits_table1": (
+        "mnist", "digits", ["--algorithms", "mc", "--mc-assign", "loss",
+                            "--mc-reseed"]),
 }
 # The names of the runs before the options layer, per experiment.
 _COMMON = {"num_clusters": "clusters", "num_rounds": "rounds",
