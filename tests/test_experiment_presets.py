@@ -221,6 +221,11 @@ COMMITTED = {
     "byzantine/protocol_20pct/fashion_private_label_fc_60rounds": (
         "byzantine", "protocol_20pct_fashion",
         ["--rounds", "60", "--attacks", "alie_jitter,ipm_jitter,edge,min_sum"]),
+    "byzantine/protocol_20pct/fashion_private_label_fc_60rounds_rest": (
+        "byzantine", "protocol_20pct_fashion",
+        ["--rounds", "60", "--edge-clustering", "gram", "--attacks",
+         "alie,spread_edge,edge,ipm,min_sum,fang_krum,opt_ipm,opt_alie,"
+         "min_max,mimic,fang_tm"]),
     "byzantine/protocol_20pct/fashion_private_label_fc_spread": (
         "byzantine", "protocol_20pct_fashion", ["--attacks", "spread_edge"]),
     "byzantine/protocol_20pct/digits_private_label_global_20rounds": (

@@ -178,10 +178,20 @@ def _edge_attack(radius, num_iters: int, margin: float, direction: str,
         messages, messages, radius=radius, num_iters=num_iters,
         weights=weights, method="gram")[0]
 
+  def sq_distances(messages, estimates):
+    """`[N, N]` `||z_i - v_k||^2`; under `"gram"` by matmuls, without the
+    `[N, N, P]` differences (`||z||^2 - 2 <z, v> + ||v||^2`)."""
+    if method == "direct":
+      return tree_lib.sq_distances(messages, estimates)
+    d2 = (tree_lib.sq_norms(messages)[:, None] -
+          2.0 * tree_lib.inner_products(messages, estimates) +
+          tree_lib.sq_norms(estimates)[None, :])
+    return jnp.maximum(d2, 0.0)
+
   def attack(messages, byzantine, key):
     benign = ~byzantine
     estimates = estimate(messages, benign.astype(jnp.float32))  # [N, ...]
-    dist = jnp.sqrt(tree_lib.sq_distances(messages, estimates)).T  # [N, N]
+    dist = jnp.sqrt(sq_distances(messages, estimates)).T  # [N, N]
     r = edge_radius(radius, dist, benign)  # [N]
     norm = jnp.sqrt(tree_lib.sq_norms(estimates))
     size = sum(x[0].size for x in jax.tree.leaves(messages))
