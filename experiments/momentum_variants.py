@@ -76,6 +76,11 @@ VARIANTS = {
     "assigned_stable_warm_loss": {**_ASSIGNED, "freeze_when_stable": STABLE,
                                   "warmup_rounds": WARMUP,
                                   "seed_average": True, "assign": "loss"},
+    # ... and an emptied centre re-seeded: its model one own step of a
+    # random client of the largest cluster (session 11).
+    "assigned_stable_warm_loss_reseed": {
+        **_ASSIGNED, "freeze_when_stable": STABLE, "warmup_rounds": WARMUP,
+        "seed_average": True, "assign": "loss", "reseed": True},
     # Diagnostics, not methods (session 9, issue 19; README "Why the
     # assignment never settles"). Every client steps with its own momentum
     # in every round, never clustered: the momenta's geometry along the
@@ -215,21 +220,14 @@ def with_cluster_spreads(alg, truth):
   `sep_spread_per_cluster`, `[K_true]`: every true cluster's root-mean-square
   distance of its benign clients' momenta (the state's, not bias-corrected)
   to their mean, of which the step's `sep_spread` is the maximum
-  (`prfl.diagnostics.rounds.separation_stats`)."""
+  (`prfl.diagnostics.rounds.cluster_spreads`)."""
   t = prfl.diagnostics.check_true_clusters(truth)
 
   def step(state, batch, key):
     state, metrics = alg.step(state, batch, key)
-    rows = ~state.byzantine
-    onehot = jax.nn.one_hot(t.clusters, t.num_clusters) * rows[:, None]
-    sizes = jnp.maximum(jnp.sum(onehot, axis=0), 1.0)
-    # Uncounted rows (a Byzantine inf or NaN) are zeroed before any sum.
-    points = prfl.tree.where(rows, state.momentum,
-                             jax.tree.map(jnp.zeros_like, state.momentum))
-    means = prfl.tree.combine(onehot.T / sizes[:, None], points)
-    d2 = jnp.maximum(prfl.tree.sq_distances(points, means), 0.0)  # [N, K]
-    metrics["sep_spread_per_cluster"] = jnp.sqrt(
-        jnp.sum(d2 * onehot, axis=0) / sizes)
+    metrics["sep_spread_per_cluster"] = (
+        prfl.diagnostics.rounds.cluster_spreads(state.momentum, t,
+                                                ~state.byzantine))
     return state, metrics
 
   return alg._replace(step=step)

@@ -166,6 +166,20 @@ def gram(points: PyTree) -> jax.Array:
   return sum(leaf_gram(z) for z in jax.tree.leaves(points))
 
 
+def inner_products(points: PyTree, centers: PyTree) -> jax.Array:
+  """`[N, K]` array of `<z_i, v_k>` summed over leaves (one matmul per leaf,
+  at full float32 precision like `gram`).
+
+  Args:
+    points: pytree, every leaf `[N, ...]`.
+    centers: pytree of the same structure, every leaf `[K, ...]`.
+  """
+  return sum(jnp.matmul(z.reshape(z.shape[0], -1),
+                        v.reshape(v.shape[0], -1).T, precision=_HIGHEST)
+             for z, v in zip(jax.tree.leaves(points),
+                             jax.tree.leaves(centers)))
+
+
 def combine(coefs: jax.Array, points: PyTree) -> PyTree:
   """Linear combinations of points: `out[k] = sum_i coefs[k, i] * z_i`.
 

@@ -97,22 +97,24 @@ EDGE_MSGS = jnp.array([[1.0, 0.0], [1.2, 0.0], [0.8, 0.0], [5.0, 0.0],
 EDGE_BYZ = jnp.array([False] * 6 + [True, True])
 
 
-def test_threshold_edge_sits_inside_the_ball_against_the_estimate():
+@pytest.mark.parametrize("method", ["direct", "gram"])
+def test_threshold_edge_sits_inside_the_ball_against_the_estimate(method):
   """Each Byzantine client anchors at its own cluster's estimate.
 
   Threshold-Clustering of the benign messages from (1.1, 0) with radius 1
   converges to the mean (1, 0) of the first cluster (every step halves the
   gap: 3 of 6 benign points inside); the message is (1, 0) - 0.95 * (1, 0),
-  and (5, 0) - 0.95 * (1, 0) in the second cluster.
+  and (5, 0) - 0.95 * (1, 0) in the second cluster. Both ways of clustering
+  (`method`) find it.
   """
-  out = prfl.attacks.threshold_edge(1.0, num_iters=60)(EDGE_MSGS, EDGE_BYZ,
-                                                       KEY)
+  out = prfl.attacks.threshold_edge(1.0, num_iters=60, method=method)(
+      EDGE_MSGS, EDGE_BYZ, KEY)
   np.testing.assert_array_equal(out[:6], EDGE_MSGS[:6])
   np.testing.assert_allclose(out[6:], [[0.05, 0.0], [4.05, 0.0]],
                              atol=1e-5)
   out = prfl.attacks.threshold_edge(1.0, num_iters=60, margin=0.5,
-                                    direction="fixed")(EDGE_MSGS, EDGE_BYZ,
-                                                       KEY)
+                                    direction="fixed", method=method)(
+                                        EDGE_MSGS, EDGE_BYZ, KEY)
   step = 0.5 / np.sqrt(2.0)
   np.testing.assert_allclose(out[6:], [[1.0 + step, step], [5.0 + step, step]],
                              atol=1e-5)
@@ -199,6 +201,10 @@ def test_threshold_edge_bad_arguments():
     prfl.attacks.threshold_edge(1.0, direction="up")
   with pytest.raises(ValueError, match="num_iters"):
     prfl.attacks.threshold_edge(1.0, num_iters=0)
+  with pytest.raises(ValueError, match="method"):
+    prfl.attacks.threshold_edge(1.0, method="fast")
+  with pytest.raises(ValueError, match="method"):
+    prfl.attacks.spread_edge(1.0, method=None)
 
 
 def _fc_synthetic(byzantine_ids, attack, rounds=600):

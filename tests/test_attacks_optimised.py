@@ -198,6 +198,18 @@ def test_spread_edge_at_angle_zero_is_threshold_edge():
   np.testing.assert_allclose(_flat(spread), _flat(tied), rtol=1e-6)
 
 
+@pytest.mark.parametrize("angle", [0.0, 0.6])
+def test_edge_attacks_cluster_alike_with_one_gram_matrix(angle):
+  """`method="gram"` (every step off one Gram matrix) sends what `"direct"`
+  sends, on a pytree of messages, up to float32 rounding."""
+  msgs = _messages(7)
+  radius = prfl.quantile_radius(0.3)
+  out = {m: _flat(attacks.spread_edge(radius, angle=angle, method=m)(
+      msgs, BYZ, jax.random.key(2))) for m in ("direct", "gram")}
+  np.testing.assert_allclose(out["gram"], out["direct"], rtol=1e-4,
+                             atol=1e-5)
+
+
 def test_spread_edge_keeps_the_distance_and_unties_the_points():
   msgs = _messages(5)
   radius = prfl.quantile_radius(0.3)

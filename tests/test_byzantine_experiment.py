@@ -7,8 +7,10 @@ federation's (`grid_checks`), label flipping applied to benign clients.
 """
 
 import json
+import types
 
 import jax
+
 import numpy as np
 import pytest
 
@@ -144,6 +146,28 @@ def test_every_attack_and_method_builds():
                                                     "fc_ball_cap"):
     alg = registry.build(name, ctx, registry.settings(_cfg(), name))
     assert isinstance(alg, prfl.algorithms.Algorithm)
+
+
+def test_edge_clustering_reaches_the_ball_edge_attacks(monkeypatch):
+  """`--edge-clustering` is the `method` of both ball-edge attacks (a bad
+  one reaches the library's check) and the runner passes it. Seen to fail
+  with `run._context` not passing `cfg.edge_clustering`."""
+  s = registry.settings(_cfg())
+  for name in ("edge", "spread_edge"):
+    with pytest.raises(ValueError, match="method"):
+      config.make_attack(name, s, "fc_ball_cap", 4, "bogus")
+    assert config.make_attack(name, s, "fc_ball_cap", 4, "gram") is not None
+  seen = []
+  monkeypatch.setattr(config, "make_attack",
+                      lambda *args: seen.append(args[-1]))
+  cfg = config.resolve(cli.parse(config.Config, [
+      "--smoke", "--edge-clustering", "gram"], presets={
+          "smoke": cli.preset("byzantine", "smoke")})[0])
+  fed = types.SimpleNamespace(byzantine=np.zeros(4, bool), data=types.
+                              SimpleNamespace(clusters=np.zeros(4, np.int32)))
+  prepared = types.SimpleNamespace(model=types.SimpleNamespace(loss_fn=None))
+  run_lib._context(cfg, prepared, s, "fc_ball_cap", "edge", fed)
+  assert seen == ["gram"]
 
 
 def test_documented_smoke_command_runs(tmp_path, capsys):

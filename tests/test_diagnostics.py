@@ -196,7 +196,8 @@ def test_separation_stats_by_hand():
   """Cluster 0 at 0, 2, 7 (mean 3, rms spread sqrt(26/3)), cluster 1 at 8,
   10, 12 (mean 10, sqrt(8/3)), a Byzantine NaN claiming cluster 0: Delta 7;
   7 is nearer 10 than 3, so the nearest-true-mean labels are 0 0 1 1 1 1,
-  ARI 0.3243 (scikit-learn's); points given as a two-leaf pytree.
+  ARI 0.3243 (scikit-learn's); points given as a two-leaf pytree. Every
+  cluster's spread (`cluster_spreads`): sqrt(26/3) and sqrt(8/3).
 
   Seen to fail when the uncounted point entered the sums (NaN) and when
   the spread was the mean distance instead of the root mean square (2.667).
@@ -211,6 +212,8 @@ def test_separation_stats_by_hand():
   np.testing.assert_allclose(
       [out["sep_spread"], out["sep_delta"], out["sep_ari"]],
       [np.sqrt(26 / 3), 7.0, ari], **TOL)
+  np.testing.assert_allclose(rounds.cluster_spreads(points, truth, rows),
+                             [np.sqrt(26 / 3), np.sqrt(8 / 3)], **TOL)
 
 
 def test_group_stats_follow_the_slots():

@@ -102,13 +102,23 @@ def _held_seeds() -> dict:
 
 def _loss_seeds() -> dict:
   """The default with IFCA's signal for the assignment (`assign="loss"`)
-  over seeds (session 10, issue 19); the default beside it at seed 0 (its
-  curves must equal separation_synthetic/s0's)."""
+  over seeds (session 10, issue 19; rerun in session 11 with the carried
+  centre models); the default beside it at seed 0 (its curves must equal
+  separation_synthetic/s0's)."""
   return {f"momentum_clustering/loss_assign_synthetic/s{seed}": (
       "momentum_variants", "synthetic",
       ["--variants", "assigned_stable_warm_loss" + (
           ",assigned_stable_warm" if seed == 0 else ""),
        "--warmup-rounds", "5", "--seed", str(seed)]) for seed in SEP_SEEDS}
+
+
+def _loss_reseed_seeds() -> dict:
+  """The loss assignment with carried centre models and re-seeded emptied
+  centres (session 11, issue 19), seeds 0-9."""
+  return {f"momentum_clustering/loss_reseed_synthetic/s{seed}": (
+      "momentum_variants", "synthetic",
+      ["--variants", "assigned_stable_warm_loss_reseed", "--warmup-rounds",
+       "5", "--seed", str(seed)]) for seed in range(10)}
 
 
 # Results directory -> (experiment, preset, flags typed after it).
@@ -211,6 +221,11 @@ COMMITTED = {
     "byzantine/protocol_20pct/fashion_private_label_fc_60rounds": (
         "byzantine", "protocol_20pct_fashion",
         ["--rounds", "60", "--attacks", "alie_jitter,ipm_jitter,edge,min_sum"]),
+    "byzantine/protocol_20pct/fashion_private_label_fc_60rounds_rest": (
+        "byzantine", "protocol_20pct_fashion",
+        ["--rounds", "60", "--edge-clustering", "gram", "--attacks",
+         "alie,spread_edge,edge,ipm,min_sum,fang_krum,opt_ipm,opt_alie,"
+         "min_max,mimic,fang_tm"]),
     "byzantine/protocol_20pct/fashion_private_label_fc_spread": (
         "byzantine", "protocol_20pct_fashion", ["--attacks", "spread_edge"]),
     "byzantine/protocol_20pct/digits_private_label_global_20rounds": (
@@ -307,9 +322,13 @@ COMMITTED = {
     **_separation_seeds(),
     **_held_seeds(),
     **_loss_seeds(),
+    **_loss_reseed_seeds(),
     # ... and on Table 1's tasks (session 10).
     "momentum_clustering/loss_assign_digits_table1": (
         "mnist", "digits", ["--algorithms", "mc", "--mc-assign", "loss"]),
+    "momentum_clustering/loss_reseed_digits_table1": (
+        "mnist", "digits", ["--algorithms", "mc", "--mc-assign", "loss",
+                            "--mc-reseed"]),
 }
 # The names of the runs before the options layer, per experiment.
 _COMMON = {"num_clusters": "clusters", "num_rounds": "rounds",

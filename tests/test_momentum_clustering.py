@@ -1,5 +1,7 @@
 """Tests of Momentum-Clustering (Algorithm 3)."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -297,10 +299,11 @@ def test_dead_centres_are_reseeded_in_the_largest_cluster():
       [False, True, False])
   msgs = jnp.array([[1.0], [2.0], [3.0], [5.0]])
   for seed in range(5):
-    new, moved = reseed_centers(
+    new, dead, pick = reseed_centers(
         centers, msgs, assignment, jax.random.key(seed))
-    assert float(moved) == 1.0 and float(new[0, 0]) == 0.0
-    assert float(new[1, 0]) in (1.0, 2.0, 3.0) and float(new[2, 0]) == 5.0
+    np.testing.assert_array_equal(dead, [False, True, False])
+    assert float(new[0, 0]) == 0.0 and float(new[2, 0]) == 5.0
+    assert int(pick[1]) in (0, 1, 2) and float(new[1, 0]) == msgs[pick[1], 0]
 
 
 def test_dead_centres_are_not_reseeded_from_a_client_outside_the_largest():
@@ -505,9 +508,10 @@ def test_loss_assignment_picks_the_centre_model_with_the_lowest_loss(
       num_iters=1, alpha=1.0, warmup_rounds=0, seed_average=False,
       assign=assign)
   state = alg.init(jnp.array([[0.0], [0.0], [10.0], [10.0]]))
-  state = state._replace(assignment=jnp.array([0, 0, 1, 1], jnp.int32),
-                         round=jnp.ones((), jnp.int32),
-                         centers=jnp.array([[-1.0], [1.0]]))
+  state = state._replace(
+      assignment=jnp.array([0, 0, 1, 1], jnp.int32),
+      round=jnp.ones((), jnp.int32), centers=jnp.array([[-1.0], [1.0]]),
+      models=jnp.array([[0.0], [10.0]]) if assign == "loss" else None)
   optima = jnp.array([[0.0], [9.0], [10.0], [10.0]])[:, None]
   state, metrics = alg.step(state, optima, jax.random.key(0))
   np.testing.assert_array_equal(state.assignment, assignment)
@@ -541,3 +545,121 @@ def test_bad_assign_raises(kw, message):
   with pytest.raises(ValueError, match=message):
     prfl.algorithms.momentum_clustering(
         shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=1.0, **kw)
+
+
+def _seeded_loss_state(alg, params, assignment, centers, models):
+  """A state of `alg` (assign="loss") seeded at round 1 as given."""
+  return alg.init(params)._replace(
+      assignment=jnp.asarray(assignment, jnp.int32),
+      round=jnp.ones((), jnp.int32), centers=centers, models=models)
+
+
+@functools.cache
+def _loss_alg(reseed=False):
+  """assign="loss" on 2 centres, and its jitted step (compiled once for the
+  tests below, which share the shapes)."""
+  alg = prfl.algorithms.momentum_clustering(
+      shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=100.0,
+      num_iters=1, alpha=1.0, warmup_rounds=0, seed_average=False,
+      freeze_when_stable=None, assign="loss", reseed=reseed)
+  return alg, jax.jit(alg.step)
+
+
+def test_loss_assignment_keeps_an_empty_centres_model():
+  """Seeded at [0, 0, 1, 1], models and centres 1 and 10, params 1, 1, 10,
+  10, all optima 0; alpha 1, lr 0.1. Momenta 1, 1, 10, 10; centres 1 and
+  10; clients 2 and 3 lose 0.5 at model 1 against 50 at 10, so all four
+  join centre 0, take model 1 and step with 1: x = 0.9 for all. Centre 0's
+  model becomes their mean 0.9; centre 1 has no client and keeps 10.
+
+  Seen to fail with the empty centre's model replaced by the (empty) mean
+  (0 instead of 10)."""
+  alg, step = _loss_alg()
+  state = _seeded_loss_state(
+      alg, jnp.array([[1.0], [1.0], [10.0], [10.0]]), [0, 0, 1, 1],
+      jnp.array([[1.0], [10.0]]), jnp.array([[1.0], [10.0]]))
+  state, metrics = step(state, jnp.zeros((4, 1, 1)), jax.random.key(0))
+  np.testing.assert_array_equal(state.assignment, [0, 0, 0, 0])
+  np.testing.assert_allclose(state.params[:, 0], [0.9] * 4, atol=1e-6)
+  np.testing.assert_allclose(state.models[:, 0], [0.9, 10.0], atol=1e-6)
+  assert float(metrics["num_active_clusters"]) == 1.0
+  assert prfl.algorithms.momentum_clustering(
+      shifted_quadratic, optax.sgd(0.1), num_clusters=2,
+      radius=1.0).init(jnp.zeros((4, 1))).models is None
+
+
+def test_an_emptied_centre_wins_its_clients_back_on_loss():
+  """Seeded at [0, 0, 1, 1], models and centres 0 and 10, params 0, 0, 10,
+  10; alpha 1, lr 0.1, radius 100. Round 1, all optima 0: momenta 0, 0, 10,
+  10; clients 2 and 3 lose 0 at model 0 against 50 at 10 and join centre
+  0 (direction 0): x = 0 for all, centre 1 empty with its model 10 kept.
+  Round 2, optima 0, 0, 10, 10: momenta 0, 0, -10, -10; centre 0's ball
+  averages to -5, the empty centre 1 stays at 10; clients 2 and 3 lose 50
+  at model 0 against 0 at model 10 and go back to centre 1, take model 10
+  and step with its centre 10: x = 0.5, 0.5, 9, 9.
+
+  Seen to fail (clients 2 and 3 stay on centre 0, x = 0.5 for all) with
+  the empty centre's model not kept (the mean of no client, 0: a tie, won
+  by centre 0) and with empty centres' losses set to +inf, as before
+  session 11."""
+  alg, step = _loss_alg()
+  state = _seeded_loss_state(
+      alg, jnp.array([[0.0], [0.0], [10.0], [10.0]]), [0, 0, 1, 1],
+      jnp.array([[0.0], [10.0]]), jnp.array([[0.0], [10.0]]))
+  state, _ = step(state, jnp.zeros((4, 1, 1)), jax.random.key(0))
+  np.testing.assert_array_equal(state.assignment, [0, 0, 0, 0])
+  state, metrics = step(state, C[:, None], jax.random.key(1))
+  np.testing.assert_array_equal(state.assignment, [0, 0, 1, 1])
+  np.testing.assert_allclose(state.params[:, 0], [0.5, 0.5, 9.0, 9.0],
+                             atol=1e-5)
+  assert float(metrics["moved"]) == 2.0
+
+
+def test_reseed_gives_an_emptied_centre_its_picks_own_step():
+  """All four clients on centre 0 (models 5 and 10, params 1, 2, 10, 11,
+  optima 0; alpha 1, lr 0.1, radius 100) with `reseed`: all keep centre 0
+  (loss at 5 below that at 10), whose ball averages to 6, so x = 0.4, 1.4,
+  9.4, 10.4 and its model is their mean 5.4. Centre 1 is empty: its centre
+  moves to the momentum m_p = x_p of a random client p and its model to
+  that client's own step x_p - 0.1 * m_p = 0.9 * x_p; nobody moved, yet the
+  round does not count as still. Seen to fail with the kept model (10),
+  with the pick's model without the step (x_p) and with the re-seeded round
+  counted as still (still = 1)."""
+  alg, step = _loss_alg(reseed=True)
+  state = _seeded_loss_state(
+      alg, jnp.array([[1.0], [2.0], [10.0], [11.0]]), [0, 0, 0, 0],
+      jnp.array([[5.0], [10.0]]), jnp.array([[5.0], [10.0]]))
+  for seed in range(3):
+    new, metrics = step(state, jnp.zeros((4, 1, 1)), jax.random.key(seed))
+    np.testing.assert_array_equal(new.assignment, [0, 0, 0, 0])
+    np.testing.assert_allclose(new.params[:, 0], [0.4, 1.4, 9.4, 10.4],
+                               atol=1e-5)
+    assert float(metrics["reseeded"]) == 1.0 and int(new.still) == 0
+    assert float(new.centers[1, 0]) in (1.0, 2.0, 10.0, 11.0)
+    np.testing.assert_allclose(new.models[:, 0],
+                               [5.4, 0.9 * float(new.centers[1, 0])],
+                               atol=1e-5)
+
+
+@pytest.mark.parametrize("models", [None, jnp.zeros((3, 1))])
+def test_loss_assignment_refuses_a_state_without_its_k_models(models):
+  alg, _ = _loss_alg()
+  state = alg.init(jnp.zeros((4, 1)))._replace(models=models)
+  with pytest.raises(ValueError, match="needs the state's `models`, 2"):
+    alg.step(state, jnp.zeros((4, 1, 1)), jax.random.key(0))
+
+
+def test_checkpoint_round_trip_keeps_the_centre_models(tmp_path):
+  """A saved assign="loss" state restores with its K models;
+  assign="momentum" states keep `models=None` through the round trip."""
+  alg, _ = _loss_alg()
+  init = alg.init(jnp.zeros((4, 1)))
+  prfl.checkpoint.save(tmp_path / "loss",
+                       init._replace(models=jnp.array([[1.0], [2.0]])))
+  got = prfl.checkpoint.restore(tmp_path / "loss", init)
+  np.testing.assert_array_equal(got.models, [[1.0], [2.0]])
+  plain = prfl.algorithms.momentum_clustering(
+      shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=1.0)
+  prfl.checkpoint.save(tmp_path / "momentum", plain.init(jnp.zeros((4, 1))))
+  assert prfl.checkpoint.restore(
+      tmp_path / "momentum", plain.init(jnp.zeros((4, 1)))).models is None

@@ -48,6 +48,8 @@ def test_distances_gram_and_means_match_numpy():
   d2 = ((p[:, None] - c[None]) ** 2).sum(-1)
   np.testing.assert_allclose(tree.sq_distances(pts, ctr), d2, rtol=1e-5)
   np.testing.assert_allclose(tree.gram(pts), p @ p.T, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(tree.inner_products(pts, ctr), p @ c.T,
+                             rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(tree.sq_norms(pts), (p ** 2).sum(1), rtol=1e-5)
   w = np.array([1.0, 0.0, 2.0, 1.0, 0.0, 1.0])
   mean = tree.weighted_mean(pts, jnp.asarray(w))
@@ -72,8 +74,9 @@ def test_all_finite_where_take_and_keys():
   assert tree.vdot({"a": jnp.ones(3)}, {"a": jnp.arange(3.0)}) == 3.0
 
 
-@pytest.mark.parametrize("name", ["gram", "combine", "masked_combination",
-                                  "weighted_mean", "vdot"])
+@pytest.mark.parametrize("name", ["gram", "inner_products", "combine",
+                                  "masked_combination", "weighted_mean",
+                                  "vdot"])
 def test_contractions_run_at_highest_whatever_the_default(name):
   """On GPUs the default float32 matmul is TF32, on TPUs bf16; the library's
   distances, Gram matrices and weighted sums must not follow it (issue 11).
@@ -84,6 +87,7 @@ def test_contractions_run_at_highest_whatever_the_default(name):
   coefs = jnp.ones((2, 6)) / 6
   fns = {
       "gram": lambda p: tree.gram(p),
+      "inner_products": lambda p: tree.inner_products(p, p),
       "combine": lambda p: tree.combine(coefs, p),
       "masked_combination": lambda p: tree.masked_combination(
           coefs[0], p, jnp.arange(6) < 4),

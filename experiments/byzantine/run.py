@@ -82,7 +82,8 @@ def _context(cfg, prepared: Prepared, s, name: str, attack_name: str, fed):
   return training.context(
       fed, prepared.model.loss_fn,
       jax.random.fold_in(jax.random.key(cfg.run.seed), 1),
-      attack=config.make_attack(attack_name, s, name, num_byzantine),
+      attack=config.make_attack(attack_name, s, name, num_byzantine,
+                                cfg.edge_clustering),
       num_byzantine=num_byzantine)
 
 

@@ -6,101 +6,34 @@ momenta with K centres carried over from the previous round, assigns every
 client to its nearest centre and sends it that centre, which the client uses as
 its update direction. Communication is O(N) per round instead of O(N^2).
 
-The paper leaves these choices open; each is an option here. The default,
-`balls="assigned", sticky=False, warmup_rounds=5, seed_average=True,
-freeze_when_stable=5`, is the variant that worked best over the federations
-measured (`experiments/results/momentum_clustering/README.md`): K active
-clusters in every run, at least Myopic-Clustering's accuracy on both Table
-1 tasks (digits and Fashion-MNIST) with the true clusters (ARI 1) on both;
-not on the synthetic regression federation, where the assignment never
-settles (never frozen) and the error is above Myopic-Clustering's on most
-seeds: there the true clusters' momenta are not nearest-mean separable
-(`diagnostics.rounds.separation_stats`: ARI of nearest-true-mean
-assignment below 1 on 4 of 5 seeds already at round 0, where no option
-acts yet, and sigma / Delta growing to 5-107 as the models converge). The
-paper-literal reading is `PAPER_LITERAL` (`balls="all", warmup_rounds=0,
-seed_average=False, freeze_when_stable=None`, nearest centre, no
-re-seeding, no bias correction), under which the centres collapse onto one
-another within a few tens of rounds; `balls="assigned", sticky=True,
-warmup_rounds=0, seed_average=False, freeze_when_stable=None` is the
-default before 27
-November (its assignment drifts from the true clusters, and it diverges on
-the synthetic federation); until session 8 the default had
-`warmup_rounds=10`, which seeded two true clusters on one centre on
-Fashion-MNIST private label:
+The paper leaves these choices open; each is an option here, and
+`docs/design.md` ("Momentum-Clustering's options, one by one") says what
+each does and what was measured (`experiments/results/momentum_clustering/
+README.md`). The default, `balls="assigned", sticky=False, warmup_rounds=5,
+seed_average=True, freeze_when_stable=5`, was the best variant measured:
+K active clusters in every run and at least Myopic-Clustering's accuracy on
+both Table 1 tasks, with the true clusters; not on the synthetic
+regression, whose true clusters' momenta are not nearest-mean separable.
+`PAPER_LITERAL` is Algorithm 3 as written (its centres collapse):
 
-* `balls`: Algorithm 2 averages every centre's ball over all N points
-  (`"all"`), so the balls do not compete: centres whose balls overlap are
-  pulled to the same points and never separate, and the clients of a
-  duplicate centre move together. `"assigned"` gives each centre only its
-  own clients, those assigned to it last round (`clustering.cluster_and_assign`
-  with `members`; at the seeding round, the points nearest to it), so each
-  centre follows its clients' momenta wherever they moved since the last
-  round, and only the final nearest-centre assignment moves clients between
-  centres. With `"all"`, a drift shared by all momenta (their common part
-  changes from round to round) leaves the carried centres behind, and the
-  nearest one is then the one lying furthest along the drift for every
-  client.
-* `sticky` (with `balls="assigned"`): Algorithm 3 does not say how `k_i` is
-  chosen; by default every client goes to its nearest centre. With `sticky`
-  a client stays with its centre while its momentum is inside that centre's
-  final ball, and only the others go to their nearest centre, so noise in
-  one round's momenta does not reshuffle clients whose models have been
-  moving together.
-* `freeze_after` (with `balls="assigned"`): from this round on no client
-  changes centre; the centres still follow their clients' momenta. With
-  nearest-centre moves (`sticky=False`) the assignment is often nearly the
-  truth a few rounds after seeding, while the models are still close, and
-  drifts once they have personalised (a client's momentum is then a
-  gradient at its own model). Freezing 10 rounds after seeding keeps an
-  early assignment, right or wrong: it won where that assignment was right
-  and lost badly where two true clusters shared a centre at the freeze
-  (`experiments/results/momentum_clustering/README.md`).
-* `freeze_when_stable` (with `balls="assigned"`): the freeze comes when the
-  assignment has settled, not at a fixed round: once no client has changed
-  centre for this many consecutive rounds after seeding, none changes
-  again. Where the momenta keep moving clients (as on the synthetic
-  regression, whose true clusters are not a fixed point of nearest-centre
-  assignment) it never freezes. With `sticky=False` it
-  froze at rounds 8-11 on the digits and Fashion-MNIST and beat every other
-  variant there, except where the settled assignment was a wrong one (two
-  true clusters on one centre), which it keeps.
-  `stable_share` relaxes "no client": a round is still when at most that
-  share of the N clients moved (at N = 300 on Fashion-MNIST private label
-  20-60 clients moved in every round, so the strict rule never fired).
-* `seed_average`: a warm-up of own steps lets the clusters show in the
-  momenta (on Table 1's digits it turned a seeding at ARI 0.67 into 1.0),
-  but each client's own steps stay in its model for good, since the
-  clients of a centre only ever share directions. With `seed_average` the
-  clients of every centre take its mean model once, at seeding (one upload
-  of the models); with `sticky=False, freeze_when_stable=5`
-  it was the best variant measured on the digits and Fashion-MNIST.
-* `warmup_rounds`: the K centres are seeded by farthest-first traversal of
-  the momenta (a random first client, then repeatedly the client farthest
-  from every chosen centre) at round `warmup_rounds`; before it every client
-  steps with its own momentum (no clustering). Round-1 momenta are `alpha`
-  times one noisy gradient; after many own steps each momentum is a
-  gradient at a model personalised to its own data, and the clusters no
-  longer show (Fashion-MNIST private label: the true clusters at seeding
-  after 5 rounds, two on one centre after 10, one centre after 20).
-* `reseed`: a centre that received no client, or coincides with a centre of
-  lower index, moves to the momentum of a random client of the largest
-  cluster for the next round.
-* `assign`: the signal that picks every client's centre after seeding.
-  `"momentum"` (Algorithm 3): the nearest centre to its momentum.
-  `"loss"` (IFCA's signal, Ghosh et al., 2020): the centre whose model
-  (the mean model of its clients last round) gives the client the lowest
-  loss on its batch, K forward passes per client; a client that changes
-  centre then takes that mean model (one download), so the clients of a
-  centre keep one model. The centres themselves are still
-  Threshold-Clustering's of the momenta, and the directions sent are
-  still those centres. Not the default: on the synthetic regression an
-  emptied centre has no model to win clients back (median error 1.08
-  against 0.60; `docs/design.md`, the results' README).
-* `bias_correction`: the server clusters `m_i / (1 - (1 - alpha)^t)` (as
-  Adam does), so that the carried centres and this round's momenta have the
-  same scale during the first ~1/alpha rounds; the direction sent back is
-  rescaled, so the step is unchanged.
+* `balls`: `"all"` (Algorithm 2: every ball over all N momenta) or
+  `"assigned"` (each centre's ball over its own clients, last round's).
+* `sticky`: a client stays with its centre while inside its final ball.
+* `freeze_after` / `freeze_when_stable` / `stable_share`: no client changes
+  centre from a round on, or once (almost) none has for some rounds.
+* `seed_average`: at seeding, every client takes its centre's mean model.
+* `warmup_rounds`: own-momentum steps before farthest-first seeding.
+* `reseed`: a centre without clients, or coinciding with a lower one, moves
+  to the momentum of a random client of the largest cluster.
+* `assign`: after seeding, `"momentum"` (the nearest centre, Algorithm 3)
+  or `"loss"` (IFCA's signal, Ghosh et al., 2020: the centre whose model
+  gives the client the lowest loss). With `"loss"` the state carries one
+  model per centre (the mean of its clients' models, kept while the centre
+  is empty); a client that changes centre takes its model; with `reseed`
+  an emptied centre's model becomes its picked client's own step (its model
+  minus the optimizer's step along its momentum), and no round with a
+  re-seed counts towards `freeze_when_stable`.
+* `bias_correction`: cluster `m_i / (1 - (1 - alpha)^t)` (as Adam does).
 """
 
 from typing import Any, NamedTuple, Optional
@@ -136,6 +69,7 @@ class MomentumClusteringState(NamedTuple):
   byzantine: jax.Array  # [N] bool: malicious clients.
   round: jax.Array  # [] int32: rounds done.
   still: jax.Array  # [] int32: consecutive rounds in which no client moved.
+  models: Optional[PyTree]  # leaves [K, ...]: assign="loss" only, else None.
   layout = base.Layout(clients=("params", "opt_state", "momentum",
                                 "assignment", "byzantine"))
 
@@ -166,7 +100,8 @@ def reseed_centers(centers: PyTree, messages: PyTree, assignment: jax.Array,
     key: PRNG key drawing the members.
 
   Returns:
-    `(centers, num_reseeded)`.
+    `(centers, dead, pick)`: the centres, `[K]` bool the dead ones (moved)
+    and `[K]` int32 the client each would move to.
   """
   k = tree_lib.num_leading(centers)
   dead = dead_centers(centers, assignment)
@@ -177,7 +112,7 @@ def reseed_centers(centers: PyTree, messages: PyTree, assignment: jax.Array,
       key, jnp.where((assignment == largest) & usable, 0.0, -jnp.inf),
       shape=(k,))
   new = tree_lib.take(messages, pick)
-  return tree_lib.where(dead, new, centers), jnp.sum(dead).astype(jnp.float32)
+  return tree_lib.where(dead, new, centers), dead, pick.astype(jnp.int32)
 
 
 def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
@@ -218,7 +153,8 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
     seed_average: at seeding, every client's model becomes the mean model
       of its centre's clients (after a warm-up of own steps the models
       differ; Momentum-Clustering never averages them otherwise).
-    reseed: move empty or coinciding centres (see the module docstring).
+    reseed: move empty or coinciding centres (see the module docstring);
+      with `assign="loss"` also re-seed an empty centre's model.
     bias_correction: cluster bias-corrected momenta.
     freeze_after: from round `freeze_after` (counted from 0) on, no client
       changes centre; the centres still follow their clients' momenta
@@ -235,8 +171,9 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
       never stop moving on minibatch noise (module docstring). Nonzero
       needs `freeze_when_stable`.
     assign: `"momentum"` (nearest centre to the momentum, Algorithm 3) or
-      `"loss"` (lowest loss at the centres' mean models; see the module
-      docstring); at the seeding round always `"momentum"`.
+      `"loss"` (lowest loss at the centres' models, carried in the state's
+      `models`; see the module docstring); at the seeding round always
+      `"momentum"`.
     true_clusters: optional concrete `[N]` true cluster ids, known to the
       experimenter only: the step then also reports the diagnostics that
       need them (`prfl_jax.diagnostics.rounds`).
@@ -256,7 +193,8 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
       `method`, `balls`, `warmup_rounds`, `freeze_after`,
       `freeze_when_stable`, `stable_share`, `assign` (also `"loss"` with
       `sticky`) or `true_clusters`; at `init`, if
-      K > N or `true_clusters` does not have N entries.
+      K > N or `true_clusters` does not have N entries; at `step` with
+      `assign="loss"`, if the state's `models` are not K models.
 
   References:
     Werner et al., 2023, Algorithm 3 (Momentum-Clustering).
@@ -318,13 +256,14 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
     zeros = jax.tree.map(jnp.zeros_like, params)
     centers = jax.tree.map(lambda p: jnp.zeros((k,) + p.shape[1:], p.dtype),
                            params)
+    models = centers if assign == "loss" else None  # Set at seeding.
     return MomentumClusteringState(
         params, jax.vmap(optimizer.init)(params), zeros, centers,
         jnp.zeros((n,), jnp.int32), base.byzantine_mask(byzantine, n),
-        jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+        jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), models)
 
   def cluster(state, sent, messages, keys, batch):
-    """The server's round: (centers, assignment, directions, coefs, moved)."""
+    """The server's round: (centers, assignment, directions, coefs, picks)."""
     del sent
     seed_key, reseed_key = keys
     gram = tree_lib.gram(messages) if method == "gram" else None
@@ -342,31 +281,36 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
             method=method, gram=gram, balls=balls, members=members,
             sticky=sticky))
     if assign == "loss":  # After seeding: the lowest loss at a centre model.
-      models, sizes = cluster_models.segment_mean(state.params,
-                                                  state.assignment, k)
-      losses = cluster_models.cluster_losses(loss_fn, models, batch)
       by_loss = cluster_models.loss_assignment(
-          jnp.where(sizes[:, None] > 0, losses, jnp.inf))
+          cluster_models.cluster_losses(loss_fn, state.models, batch))
       assignment = jnp.where(seeding, assignment, by_loss)
       directions = tree_lib.take(centers, assignment)
     if freeze_after is not None or freeze_when_stable is not None:
       assignment = jnp.where(is_frozen(state), state.assignment, assignment)
       directions = tree_lib.take(centers, assignment)
-    moved = jnp.zeros((), jnp.float32)
+    picks = (jnp.zeros((k,), bool), jnp.zeros((k,), jnp.int32))
     if reseed:
-      centers, moved = reseed_centers(centers, messages, assignment,
-                                      reseed_key)
-    return centers, assignment, directions, info.coefs[assignment], moved
+      centers, *picks = reseed_centers(centers, messages, assignment,
+                                       reseed_key)
+    return (centers, assignment, directions, info.coefs[assignment],
+            tuple(picks))
 
   def own(state, sent, messages, keys, batch):
     """A warm-up round: every client steps with its own momentum."""
     del messages, keys, batch
     n = state.assignment.shape[0]
     return (state.centers, state.assignment, sent,
-            jnp.eye(n, dtype=jnp.float32), jnp.zeros((), jnp.float32))
+            jnp.eye(n, dtype=jnp.float32),
+            (jnp.zeros((k,), bool), jnp.zeros((k,), jnp.int32)))
 
   def step(state: MomentumClusteringState, batch, key):
     gradients.check_loss_fn(loss_fn, state.params, batch)  # At trace time.
+    if assign == "loss" and (state.models is None or tree_lib.num_leading(
+        state.models, "state.models") != k):
+      raise ValueError(f"assign='loss' needs the state's `models`, {k} "
+                       "centre models (leaves [K, ...], as `init` makes "
+                       "them), got "
+                       f"{jax.tree.map(jnp.shape, state.models)}.")
     base.check_at_most_clients(num_clusters, "num_clusters",
                                state.byzantine.shape[0])
     seed_key, attack_key, reseed_key = jax.random.split(key, 3)
@@ -382,11 +326,14 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
       out = lax.cond(state.round < warmup_rounds, own, cluster, *args)
     else:
       out = cluster(*args)
-    centers, assignment, directions, row_coefs, moved = out
+    centers, assignment, directions, row_coefs, (dead, pick) = out
     clustered = state.round > warmup_rounds  # Seeded in an earlier round.
     changed = jnp.sum(clustered & (assignment != state.assignment))
     tolerated = int(stable_share * assignment.shape[0])  # Static: N is.
-    still = jnp.where(clustered & (changed <= tolerated), state.still + 1, 0)
+    settled = clustered & (changed <= tolerated)
+    if assign == "loss" and reseed:  # Not while a centre is re-seeded.
+      settled = settled & ~jnp.any(dead)
+    still = jnp.where(settled, state.still + 1, 0)
     directions = jax.tree.map(lambda d: d * scale.astype(d.dtype), directions)
     params = state.params
     if seed_average:  # One upload of the models, at seeding (only then).
@@ -396,19 +343,29 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
               cluster_models.segment_mean(p, assignment, k)[0], assignment),
           lambda p: p, params)
     if assign == "loss":  # A client that changed centre takes its model.
-      models, _ = cluster_models.segment_mean(state.params, state.assignment,
-                                              k)
       params = tree_lib.where(clustered & (assignment != state.assignment),
-                              tree_lib.take(models, assignment), params)
+                              tree_lib.take(state.models, assignment), params)
     params, opt_state = base.apply_updates(optimizer, directions,
                                            state.opt_state, params)
+    models = state.models
+    if assign == "loss":  # From seeding on; an empty centre keeps its model.
+      means, sizes = cluster_models.segment_mean(params, assignment, k)
+      models = cluster_models.keep_where_empty(
+          (sizes > 0) & (state.round >= warmup_rounds), means, models)
+      if reseed:  # An emptied centre: its pick's own step, from its model.
+        stepped, _ = base.apply_updates(
+            optimizer, jax.tree.map(lambda m: m * scale.astype(m.dtype),
+                                    tree_lib.take(messages, pick)),
+            tree_lib.take(state.opt_state, pick),
+            tree_lib.take(state.params, pick))
+        models = tree_lib.where(dead & (sizes == 0), stepped, models)
     metrics = {
         "loss": base.benign_mean(losses, state.byzantine),
         "grad_norm": base.benign_mean(base.grad_norms(grads), state.byzantine),
         "update_norm": base.benign_mean(base.grad_norms(directions),
                                         state.byzantine),
         "num_active_clusters": cluster_models.count_nonempty(assignment, k),
-        "reseeded": moved,
+        "reseeded": jnp.sum(dead).astype(jnp.float32),
         "moved": changed.astype(jnp.float32),
         "frozen": is_frozen(state).astype(jnp.float32),
         "carried_weight": base.benign_mean(1.0 - jnp.sum(row_coefs, axis=1),
@@ -422,7 +379,7 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
           messages, truth, ~state.byzantine))
     new_state = MomentumClusteringState(params, opt_state, momentum, centers,
                                         assignment, state.byzantine,
-                                        state.round + 1, still)
+                                        state.round + 1, still, models)
     return new_state, metrics
 
   return base.Algorithm(init, step)

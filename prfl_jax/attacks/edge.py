@@ -51,7 +51,8 @@ def edge_radius(radius, distances: jax.Array, benign: jax.Array) -> jax.Array:
 
 
 def threshold_edge(radius, *, num_iters: int = 10, margin: float = 0.05,
-                   direction: str = "against") -> Attack:
+                   direction: str = "against",
+                   method: str = "direct") -> Attack:
   """The worst case for Threshold-Clustering: points just inside the ball.
 
   Werner et al. (2023, Section 3.1.1, threat model): a bad point has the most
@@ -86,12 +87,22 @@ def threshold_edge(radius, *, num_iters: int = 10, margin: float = 0.05,
     num_iters: the defender's Threshold-Clustering steps (>= 1).
     margin: in [0, 1): the points sit at `(1 - margin) * r` from the estimate.
     direction: `"against"` or `"fixed"`.
+    method: how step 1 clusters. `"direct"` runs
+      `clustering.threshold_clustering` from the N starts, `O(N^2 P)` per
+      step for P coordinates. `"gram"` runs
+      `clustering.cluster_and_assign(..., method="gram")`, which reads every
+      step's distances off one `[N, N]` Gram matrix: `O(N^2 P)` once. The
+      estimates are the same in exact arithmetic; the Gram's distances come
+      by cancellation, so in float32 they can differ by about
+      `eps ||g||^2`, and a point within that of the ball's edge can fall
+      on the other side. Use `"gram"` for large models.
 
   Raises:
-    ValueError: on a bad radius, `num_iters`, `margin` or `direction`.
+    ValueError: on a bad radius, `num_iters`, `margin`, `direction` or
+      `method`.
     TypeError: if `radius` is a rule other than `quantile_radius`.
   """
-  return _edge_attack(radius, num_iters, margin, direction, 0.0)
+  return _edge_attack(radius, num_iters, margin, direction, 0.0, method)
 
 
 def _tilt(unit, angle: float, key: jax.Array):
@@ -112,7 +123,8 @@ def _tilt(unit, angle: float, key: jax.Array):
 
 
 def spread_edge(radius, *, num_iters: int = 10, margin: float = 0.05,
-                direction: str = "against", angle: float = 0.5) -> Attack:
+                direction: str = "against", angle: float = 0.5,
+                method: str = "direct") -> Attack:
   """The adaptive attack on Federated-Clustering: `threshold_edge` spread out.
 
   Every Byzantine client sits, like in `threshold_edge`, at distance
@@ -127,17 +139,17 @@ def spread_edge(radius, *, num_iters: int = 10, margin: float = 0.05,
   still pulls along `u_j` with `cos(a)` of the full strength.
 
   Args:
-    radius, num_iters, margin, direction: as in `threshold_edge`.
+    radius, num_iters, margin, direction, method: as in `threshold_edge`.
     angle: in [0, pi/2]; 0 is `threshold_edge` (with key-independent rows).
 
   Raises:
     ValueError / TypeError: as `threshold_edge`, or on a bad `angle`.
   """
-  return _edge_attack(radius, num_iters, margin, direction, angle)
+  return _edge_attack(radius, num_iters, margin, direction, angle, method)
 
 
 def _edge_attack(radius, num_iters: int, margin: float, direction: str,
-                 angle: float) -> Attack:
+                 angle: float, method: str) -> Attack:
   """`threshold_edge` (angle 0) and `spread_edge`."""
   if callable(radius) and not isinstance(radius, clustering.QuantileRadius):
     raise TypeError(
@@ -154,13 +166,32 @@ def _edge_attack(radius, num_iters: int, margin: float, direction: str,
   if (isinstance(angle, bool) or not isinstance(angle, numbers.Real) or
       not 0 <= angle <= math.pi / 2):
     raise ValueError(f"`angle` must be in [0, pi/2], got {angle!r}.")
+  clustering.check_method(method)
+
+  def estimate(messages, weights):
+    """Threshold-Clustering started at every message: `[N, ...]`."""
+    if method == "direct":
+      return clustering.threshold_clustering(
+          messages, messages, radius=radius, num_iters=num_iters,
+          weights=weights)
+    return clustering.cluster_and_assign(
+        messages, messages, radius=radius, num_iters=num_iters,
+        weights=weights, method="gram")[0]
+
+  def sq_distances(messages, estimates):
+    """`[N, N]` `||z_i - v_k||^2`; under `"gram"` by matmuls, without the
+    `[N, N, P]` differences (`||z||^2 - 2 <z, v> + ||v||^2`)."""
+    if method == "direct":
+      return tree_lib.sq_distances(messages, estimates)
+    d2 = (tree_lib.sq_norms(messages)[:, None] -
+          2.0 * tree_lib.inner_products(messages, estimates) +
+          tree_lib.sq_norms(estimates)[None, :])
+    return jnp.maximum(d2, 0.0)
 
   def attack(messages, byzantine, key):
     benign = ~byzantine
-    estimates = clustering.threshold_clustering(
-        messages, messages, radius=radius, num_iters=num_iters,
-        weights=benign.astype(jnp.float32))  # [N, ...]: one per client.
-    dist = jnp.sqrt(tree_lib.sq_distances(messages, estimates)).T  # [N, N]
+    estimates = estimate(messages, benign.astype(jnp.float32))  # [N, ...]
+    dist = jnp.sqrt(sq_distances(messages, estimates)).T  # [N, N]
     r = edge_radius(radius, dist, benign)  # [N]
     norm = jnp.sqrt(tree_lib.sq_norms(estimates))
     size = sum(x[0].size for x in jax.tree.leaves(messages))

@@ -141,11 +141,8 @@ def _shared(points, init_centers, gram) -> _Shared:
   zz = jnp.diagonal(gram)
   valid = jnp.isfinite(zz)
   gzz = jnp.where(valid[:, None] & valid[None, :], gram, 0.0)
-  gzc = sum(jnp.matmul(z.reshape(z.shape[0], -1), v.reshape(v.shape[0], -1).T,
-                       precision=lax.Precision.HIGHEST)
-            for z, v in zip(jax.tree.leaves(points),
-                            jax.tree.leaves(init_centers)))
-  gzc = jnp.where(valid[:, None], gzc, 0.0)
+  gzc = jnp.where(valid[:, None],
+                  tree_lib.inner_products(points, init_centers), 0.0)
   return _Shared(gzz, gzc, jnp.where(valid, zz, 0.0),
                  tree_lib.sq_norms(init_centers), valid,
                  _first_equal(init_centers))

@@ -110,6 +110,39 @@ def assignment_stats(assignment: jax.Array, num_clusters: int,
   return out
 
 
+def _spreads(points: PyTree, truth: Truth, rows: jax.Array):
+  """`(spread [K_true], means [K_true, ...], d2 [N, K_true], present
+  [K_true])` of `cluster_spreads`, with what `separation_stats` reuses."""
+  k = truth.num_clusters
+  w = rows.astype(jnp.float32)
+  onehot = jax.nn.one_hot(truth.clusters, k, dtype=jnp.float32) * w[:, None]
+  sizes = jnp.sum(onehot, axis=0)  # [K_true]
+  present = sizes > 0
+  # Uncounted points (a Byzantine inf or NaN) are zeroed before any sum.
+  points = tree_lib.where(rows, points, jax.tree.map(jnp.zeros_like, points))
+  means = tree_lib.combine(onehot.T / jnp.where(present, sizes, 1.0)[:, None],
+                           points)
+  d2 = jnp.maximum(tree_lib.sq_distances(points, means), 0.0)  # [N, K_true]
+  own = jnp.take_along_axis(d2, truth.clusters[:, None], axis=1)[:, 0]
+  spread = jnp.sqrt(jax.ops.segment_sum(own * w, truth.clusters, k) /
+                    jnp.where(present, sizes, 1.0))
+  return spread, means, d2, present
+
+
+def cluster_spreads(points: PyTree, truth: Truth,
+                    rows: jax.Array) -> jax.Array:
+  """`[K_true]`: every true cluster's root-mean-square distance of its
+  counted points to their mean (0 for a cluster without one), of which
+  `separation_stats`' `sep_spread` is the maximum.
+
+  Args:
+    points: pytree, every leaf `[N, ...]`.
+    truth: the true clusters (`[N]` ids, K_true static).
+    rows: `[N]` bool, the points that count (the benign clients).
+  """
+  return _spreads(points, truth, rows)[0]
+
+
 def separation_stats(points: PyTree, truth: Truth, rows: jax.Array) -> dict:
   """How far the true clusters' points are apart, against their spread.
 
@@ -139,17 +172,7 @@ def separation_stats(points: PyTree, truth: Truth, rows: jax.Array) -> dict:
   """
   k = truth.num_clusters
   w = rows.astype(jnp.float32)
-  onehot = jax.nn.one_hot(truth.clusters, k, dtype=jnp.float32) * w[:, None]
-  sizes = jnp.sum(onehot, axis=0)  # [K_true]
-  present = sizes > 0
-  # Uncounted points (a Byzantine inf or NaN) are zeroed before any sum.
-  points = tree_lib.where(rows, points, jax.tree.map(jnp.zeros_like, points))
-  means = tree_lib.combine(onehot.T / jnp.where(present, sizes, 1.0)[:, None],
-                           points)
-  d2 = jnp.maximum(tree_lib.sq_distances(points, means), 0.0)  # [N, K_true]
-  own = jnp.take_along_axis(d2, truth.clusters[:, None], axis=1)[:, 0]
-  spread = jnp.sqrt(jax.ops.segment_sum(own * w, truth.clusters, k) /
-                    jnp.where(present, sizes, 1.0))
+  spread, means, d2, present = _spreads(points, truth, rows)
   between = jnp.sqrt(jnp.maximum(tree_lib.sq_distances(means, means), 0.0))
   pair = present[:, None] & present[None, :] & ~jnp.eye(k, dtype=bool)
   nearest = jnp.argmin(jnp.where(present[None, :], d2, jnp.inf), axis=1)
