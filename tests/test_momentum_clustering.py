@@ -317,7 +317,7 @@ def test_dead_centres_are_not_reseeded_from_a_client_outside_the_largest():
   assignment = jnp.array([2, 0, 0, 0])
   msgs = jnp.array([[5.0], [1.0], [2.0], [3.0]])
   for seed in range(5):
-    new, _ = reseed_centers(centers, msgs, assignment, jax.random.key(seed))
+    new = reseed_centers(centers, msgs, assignment, jax.random.key(seed))[0]
     assert float(new[1, 0]) in (1.0, 2.0, 3.0)
 
 
@@ -517,25 +517,6 @@ def test_loss_assignment_picks_the_centre_model_with_the_lowest_loss(
   np.testing.assert_array_equal(state.assignment, assignment)
   np.testing.assert_allclose(state.params[:, 0], params, atol=1e-5)
   assert float(metrics["moved"]) == 1.0
-
-
-def test_loss_assignment_never_picks_an_empty_centre():
-  """Every client in centre 0 (model 10), optima 0, 10, 10, 10: the empty
-  centre 1 has no model (its segment mean is 0, where client 0's loss is 0
-  against 50 at centre 0's), so it is not a candidate and every client
-  stays with centre 0. Seen to fail when a centre counts from size >= 0
-  (session 11's sampled survivor algorithms #358: client 0 moves to the
-  empty centre's zero model)."""
-  alg = prfl.algorithms.momentum_clustering(
-      shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=100.0,
-      num_iters=1, alpha=1.0, warmup_rounds=0, seed_average=False,
-      assign="loss")
-  state = alg.init(jnp.full((4, 1), 10.0))
-  state = state._replace(round=jnp.ones((), jnp.int32),
-                         centers=jnp.array([[-1.0], [1.0]]))
-  optima = jnp.array([[0.0], [10.0], [10.0], [10.0]])[:, None]
-  state, _ = alg.step(state, optima, jax.random.key(0))
-  np.testing.assert_array_equal(state.assignment, [0, 0, 0, 0])
 
 
 @pytest.mark.parametrize("kw,message", [
