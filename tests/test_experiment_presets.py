@@ -326,6 +326,11 @@ COMMITTED = {
     # ... and on Table 1's tasks (session 10).
     "momentum_clustering/loss_assign_digits_table1": (
         "mnist", "digits", ["--algorithms", "mc", "--mc-assign", "loss"]),
+    "momentum_clustering/loss_reseed_fashion_rotation": (
+        "momentum_variants", "fashion_rotation",
+        ["--variants", "assigned_stable_warm_loss_reseed,"
+         "assigned_stable_warm_loss,assigned_stable_warm", "--warmup-rounds",
+         "5"]),
     "momentum_clustering/loss_reseed_digits_table1": (
         "mnist", "digits", ["--algorithms", "mc", "--mc-assign", "loss",
                             "--mc-reseed"]),
