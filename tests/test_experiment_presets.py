@@ -226,6 +226,11 @@ COMMITTED = {
         ["--rounds", "60", "--edge-clustering", "gram", "--attacks",
          "alie,spread_edge,edge,ipm,min_sum,fang_krum,opt_ipm,opt_alie,"
          "min_max,mimic,fang_tm"]),
+    "byzantine/protocol_20pct/fashion_private_label_fc_60rounds_edges": (
+        "byzantine", "protocol_20pct_fashion",
+        ["--rounds", "60", "--edge-clustering", "gram", "--attacks",
+         "spread_edge,edge,ipm,min_sum,fang_krum,opt_ipm,opt_alie,min_max,"
+         "mimic,fang_tm"]),
     "byzantine/protocol_20pct/fashion_private_label_fc_spread": (
         "byzantine", "protocol_20pct_fashion", ["--attacks", "spread_edge"]),
     "byzantine/protocol_20pct/digits_private_label_global_20rounds": (
