@@ -198,13 +198,13 @@ def test_spread_edge_at_angle_zero_is_threshold_edge():
   np.testing.assert_allclose(_flat(spread), _flat(tied), rtol=1e-6)
 
 
-@pytest.mark.parametrize("angle", [0.0, 0.6])
-def test_edge_attacks_cluster_alike_with_one_gram_matrix(angle):
-  """`method="gram"` (every step off one Gram matrix) sends what `"direct"`
-  sends, on a pytree of messages, up to float32 rounding."""
+def test_edge_attacks_cluster_alike_with_one_gram_matrix():
+  """`method="gram"` (every step off one Gram matrix, the distances by
+  matmuls) sends what `"direct"` sends, on a pytree of messages, up to
+  float32 rounding (the tied edge is the same code at angle 0)."""
   msgs = _messages(7)
   radius = prfl.quantile_radius(0.3)
-  out = {m: _flat(attacks.spread_edge(radius, angle=angle, method=m)(
+  out = {m: _flat(jax.jit(attacks.spread_edge(radius, angle=0.6, method=m))(
       msgs, BYZ, jax.random.key(2))) for m in ("direct", "gram")}
   np.testing.assert_allclose(out["gram"], out["direct"], rtol=1e-4,
                              atol=1e-5)

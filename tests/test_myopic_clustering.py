@@ -80,7 +80,7 @@ def test_a_merged_centre_weighs_every_client_equally():
   the diagnostics' weights were never checked)."""
   alg = myopic_clustering(quadratic, optax.sgd(0.1), num_clusters=2,
                           radius=0.5)
-  _, metrics = alg.step(alg.init(jnp.zeros(3)),
+  _, metrics = jax.jit(alg.step)(alg.init(jnp.zeros(3)),
                         jnp.array([[0.1], [0.2], [0.3]]),
                         jax.random.PRNGKey(0))
   np.testing.assert_allclose(metrics["effective_count"], 3.0, rtol=1e-5)
