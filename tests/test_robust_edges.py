@@ -220,8 +220,8 @@ def test_monna_divides_by_the_neighbours_weight_below_one():
   when the total is used only above 1 (`where(total > 1, total, 1)`:
   session 11's sampled survivor aggregators #189 gives 0.25; the other
   tests' weights summed to 1 or more)."""
-  got = aggregators.monna(1)(jnp.array([[0.0], [1.0], [10.0]]),
-                             jnp.array([0.25, 0.25, 0.5]))
+  got = jax.jit(aggregators.monna(1))(jnp.array([[0.0], [1.0], [10.0]]),
+                                      jnp.array([0.25, 0.25, 0.5]))
   np.testing.assert_allclose(got, [0.5], rtol=1e-6)
 
 
@@ -245,9 +245,10 @@ def test_dnc_normalises_weights_that_sum_below_one():
   the four rows and one of them is dropped)."""
   x = jnp.array([[10.0, 10.0], [10.1, 10.0], [10.0, 10.1], [9.9, 10.0],
                  [10.0, 0.0]])
+  dnc = jax.jit(aggregators.dnc(1))
   for weight in (0.1, 1.0):
-    np.testing.assert_allclose(aggregators.dnc(1)(x, jnp.full(5, weight)),
-                               [10.0, 10.025], rtol=1e-6)
+    np.testing.assert_allclose(dnc(x, jnp.full(5, weight)), [10.0, 10.025],
+                               rtol=1e-6)
 
 
 def test_signguard_keeps_rows_at_exactly_the_norm_bounds():
@@ -259,5 +260,6 @@ def test_signguard_keeps_rows_at_exactly_the_norm_bounds():
   (`ratio < high`: 1.75)."""
   x = jnp.array([[1.0, 0.0], [2.0, 0.0], [2.0, 0.0], [2.0, 0.0],
                  [6.0, 0.0]])
-  np.testing.assert_allclose(aggregators.signguard(low=0.5, high=3.0)(x),
-                             [1.8, 0.0], rtol=1e-6)
+  np.testing.assert_allclose(
+      jax.jit(aggregators.signguard(low=0.5, high=3.0))(x), [1.8, 0.0],
+      rtol=1e-6)
