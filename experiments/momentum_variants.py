@@ -81,6 +81,18 @@ VARIANTS = {
     "assigned_stable_warm_loss_reseed": {
         **_ASSIGNED, "freeze_when_stable": STABLE, "warmup_rounds": WARMUP,
         "seed_average": True, "assign": "loss", "reseed": True},
+    # ... the emptied centre re-seeded at the worst-fit client of the
+    # largest cluster (highest loss at its centre's model), or at the half
+    # of the largest cluster that 2-means on the momenta splits off, its
+    # model that half's mean own step (session 12).
+    "assigned_stable_warm_loss_reseed_worst": {
+        **_ASSIGNED, "freeze_when_stable": STABLE, "warmup_rounds": WARMUP,
+        "seed_average": True, "assign": "loss", "reseed": True,
+        "reseed_pick": "worst"},
+    "assigned_stable_warm_loss_reseed_split": {
+        **_ASSIGNED, "freeze_when_stable": STABLE, "warmup_rounds": WARMUP,
+        "seed_average": True, "assign": "loss", "reseed": True,
+        "reseed_pick": "split"},
     # Diagnostics, not methods (session 9, issue 19; README "Why the
     # assignment never settles"). Every client steps with its own momentum
     # in every round, never clustered: the momenta's geometry along the

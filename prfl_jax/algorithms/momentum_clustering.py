@@ -23,15 +23,19 @@ regression, whose true clusters' momenta are not nearest-mean separable.
   centre from a round on, or once (almost) none has for some rounds.
 * `seed_average`: at seeding, every client takes its centre's mean model.
 * `warmup_rounds`: own-momentum steps before farthest-first seeding.
-* `reseed`: a centre without clients, or coinciding with a lower one, moves
-  to the momentum of a random client of the largest cluster.
+* `reseed` / `reseed_pick`: a centre without clients, or coinciding with a
+  lower one, moves into the largest cluster: to the momentum of a random
+  client (`"random"`), of its worst-fit client (`"worst"`: the highest loss
+  at its centre's model) or to the mean momentum of the half of it that
+  2-means splits off (`"split"`).
 * `assign`: after seeding, `"momentum"` (the nearest centre, Algorithm 3)
   or `"loss"` (IFCA's signal, Ghosh et al., 2020: the centre whose model
   gives the client the lowest loss). With `"loss"` the state carries one
   model per centre (the mean of its clients' models, kept while the centre
   is empty); a client that changes centre takes its model; with `reseed`
   an emptied centre's model becomes its picked client's own step (its model
-  minus the optimizer's step along its momentum), and no round with a
+  minus the optimizer's step along its momentum; with `"split"` the mean
+  own step of the half), and no round with a
   re-seed counts towards `freeze_when_stable`.
 * `bias_correction`: cluster `m_i / (1 - (1 - alpha)^t)` (as Adam does).
 """
@@ -89,30 +93,122 @@ def dead_centers(centers: PyTree, assignment: jax.Array,
   return (sizes == 0) | jnp.any(jnp.tril(close, k=-1), axis=1)
 
 
+RESEED_PICKS = ("random", "worst", "split")
+
+
+def split_half(messages: PyTree, member: jax.Array, center: PyTree,
+               num_iters: int = 5) -> jax.Array:
+  """`[N]` bool: one half of the members, split by 2-means on the momenta.
+
+  The two means start at a farthest pair of members (p, the member
+  farthest from `center`; q, the member farthest from p), then `num_iters`
+  Lloyd steps (each member to the nearer mean, ties to p's; each mean to its
+  members' mean). Returned: the half whose mean is farther from `center`,
+  the one `center` serves worse. Pure and jit-safe (a fixed-length
+  `lax.fori_loop`, no loop over clients).
+
+  Args:
+    messages: leaves `[N, ...]`, the clients' momenta.
+    member: `[N]` bool, the points to split (at least one, all usable).
+    center: unstacked leaves `[...]`, the centre of the members.
+    num_iters: Lloyd steps after the farthest-pair start.
+  """
+  center1 = jax.tree.map(lambda c: c[None], center)
+  d_c = tree_lib.sq_distances(messages, center1)[:, 0]
+  p = jnp.argmax(jnp.where(member, d_c, -jnp.inf))
+  d_p = tree_lib.sq_distances(messages, tree_lib.take(messages, p[None]))
+  q = jnp.argmax(jnp.where(member, d_p[:, 0], -jnp.inf))
+  safe = tree_lib.where(member, messages,
+                        jax.tree.map(jnp.zeros_like, messages))
+
+  def sides(means):
+    d = tree_lib.sq_distances(messages, means)  # [N, 2]
+    return d[:, 1] < d[:, 0]  # True: q's side.
+
+  def lloyd(_, means):
+    side = sides(means)
+    w = jnp.stack([member & ~side, member & side]).astype(jnp.float32)
+    total = jnp.sum(w, axis=1, keepdims=True)
+    new = tree_lib.combine(w / jnp.maximum(total, 1.0), safe)
+    return tree_lib.where(total[:, 0] > 0, new, means)
+
+  means = lax.fori_loop(0, num_iters, lloyd,
+                        tree_lib.take(messages, jnp.stack([p, q])))
+  far = jnp.argmax(tree_lib.sq_distances(means, center1)[:, 0])
+  return member & (sides(means) == (far == 1))
+
+
 def reseed_centers(centers: PyTree, messages: PyTree, assignment: jax.Array,
-                   key: jax.Array):
-  """Moves every dead centre to a random member of the largest cluster.
+                   key: jax.Array, pick: str = "random",
+                   scores: Optional[jax.Array] = None):
+  """Moves every dead centre into the largest cluster.
+
+  `pick` says where (`L`: the members of the largest live cluster with a
+  usable momentum):
+
+  * `"random"`: every dead centre to the momentum of a random member of L
+    (drawn independently).
+  * `"worst"`: the j-th dead centre (by index) to the member of L with the
+    j-th highest `scores` (e.g. its loss at its centre's model: the
+    worst-fit client; ties to the lower index).
+  * `"split"`: every dead centre to the mean momentum of the half of L that
+    `split_half` returns (the largest cluster split in two by 2-means from
+    a farthest pair, the half its centre serves worse). Several dead
+    centres get the same half, so all but the lowest coincide and are
+    re-seeded again next round.
 
   Args:
     centers: leaves `[K, ...]`.
     messages: the clients' momenta, leaves `[N, ...]`.
     assignment: `[N]` int32 cluster of every client.
-    key: PRNG key drawing the members.
+    key: PRNG key drawing the members (`"random"`).
+    pick: one of `RESEED_PICKS`.
+    scores: `[N]` float, higher picked first; needed by `"worst"` only.
+      Non-finite scores rank last.
 
   Returns:
-    `(centers, dead, pick)`: the centres, `[K]` bool the dead ones (moved)
-    and `[K]` int32 the client each would move to.
+    `(centers, dead, weights)`: the centres, `[K]` bool the dead ones
+    (moved) and `[K, N]` float32 the weights of the clients each centre
+    would move to (its new centre is `weights[k] @ messages`; a one-hot row
+    for `"random"` and `"worst"`, uniform over the half for `"split"`).
+
+  Raises:
+    ValueError: on an unknown `pick`, or `"worst"` without `scores`.
   """
+  if pick not in RESEED_PICKS:
+    raise ValueError(f"`pick` must be one of {RESEED_PICKS}, got {pick!r}.")
+  if pick == "worst" and scores is None:
+    raise ValueError("pick='worst' needs `scores`.")
   k = tree_lib.num_leading(centers)
+  n = assignment.shape[0]
   dead = dead_centers(centers, assignment)
   sizes = jax.ops.segment_sum(jnp.ones_like(assignment), assignment, k)
   largest = jnp.argmax(jnp.where(dead, -1, sizes))
-  usable = tree_lib.usable(messages)
-  pick = jax.random.categorical(
-      key, jnp.where((assignment == largest) & usable, 0.0, -jnp.inf),
-      shape=(k,))
-  new = tree_lib.take(messages, pick)
-  return tree_lib.where(dead, new, centers), dead, pick.astype(jnp.int32)
+  member = (assignment == largest) & tree_lib.usable(messages)
+  if pick == "random":
+    idx = jax.random.categorical(key, jnp.where(member, 0.0, -jnp.inf),
+                                 shape=(k,))
+    weights = jax.nn.one_hot(idx, n, dtype=jnp.float32)
+  elif pick == "worst":
+    ranked = jnp.where(member & jnp.isfinite(scores), scores, -jnp.inf)
+    ranked = jnp.where(member & ~jnp.isfinite(scores), -jnp.finfo(
+        jnp.float32).max, ranked)  # Members before non-members.
+    order = jnp.argsort(-ranked, stable=True)
+    last = jnp.maximum(jnp.sum(member), 1) - 1
+    rank = jnp.clip(jnp.cumsum(dead) - 1, 0, last)
+    weights = jax.nn.one_hot(order[rank], n, dtype=jnp.float32)
+  else:
+    half = split_half(messages, member,
+                      jax.tree.map(lambda c: c[largest], centers))
+    row = half.astype(jnp.float32) / jnp.maximum(jnp.sum(half), 1)
+    weights = jnp.broadcast_to(row, (k, n))
+  if pick == "split":
+    safe = tree_lib.where(member, messages,
+                          jax.tree.map(jnp.zeros_like, messages))
+    new = tree_lib.combine(weights, safe)
+  else:
+    new = tree_lib.take(messages, jnp.argmax(weights, axis=1))
+  return tree_lib.where(dead, new, centers), dead, weights
 
 
 def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
@@ -121,7 +217,8 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
                         attack=None, method: str = "direct",
                         balls: str = "assigned", sticky: bool = False,
                         warmup_rounds: int = 5, seed_average: bool = True,
-                        reseed: bool = False, bias_correction: bool = False,
+                        reseed: bool = False, reseed_pick: str = "random",
+                        bias_correction: bool = False,
                         freeze_after: Optional[int] = None,
                         freeze_when_stable: Optional[int] = 5,
                         stable_share: float = 0.0, assign: str = "momentum",
@@ -155,6 +252,12 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
       differ; Momentum-Clustering never averages them otherwise).
     reseed: move empty or coinciding centres (see the module docstring);
       with `assign="loss"` also re-seed an empty centre's model.
+    reseed_pick: where `reseed` moves a dead centre (`reseed_centers`):
+      `"random"` (a random client of the largest cluster), `"worst"` (its
+      client with the highest loss at its centre's model; needs
+      `assign="loss"`) or `"split"` (the mean of the half of the largest
+      cluster that 2-means on the momenta splits off; with `assign="loss"`
+      the centre's model becomes that half's mean own step).
     bias_correction: cluster bias-corrected momenta.
     freeze_after: from round `freeze_after` (counted from 0) on, no client
       changes centre; the centres still follow their clients' momenta
@@ -234,6 +337,12 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
   if assign not in ("momentum", "loss"):
     raise ValueError(f"`assign` must be 'momentum' or 'loss', got "
                      f"{assign!r}.")
+  if reseed_pick not in RESEED_PICKS:
+    raise ValueError(f"`reseed_pick` must be one of {RESEED_PICKS}, got "
+                     f"{reseed_pick!r}.")
+  if reseed_pick == "worst" and assign != "loss":
+    raise ValueError("reseed_pick='worst' ranks clients by their loss at "
+                     "their centre's model; it needs assign='loss'.")
   if assign == "loss" and sticky:
     raise ValueError("`sticky=True` keeps clients by their momenta; it "
                      "needs assign='momentum'.")
@@ -281,17 +390,21 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
             method=method, gram=gram, balls=balls, members=members,
             sticky=sticky))
     if assign == "loss":  # After seeding: the lowest loss at a centre model.
-      by_loss = cluster_models.loss_assignment(
-          cluster_models.cluster_losses(loss_fn, state.models, batch))
+      losses = cluster_models.cluster_losses(loss_fn, state.models, batch)
+      by_loss = cluster_models.loss_assignment(losses)
       assignment = jnp.where(seeding, assignment, by_loss)
       directions = tree_lib.take(centers, assignment)
     if freeze_after is not None or freeze_when_stable is not None:
       assignment = jnp.where(is_frozen(state), state.assignment, assignment)
       directions = tree_lib.take(centers, assignment)
-    picks = (jnp.zeros((k,), bool), jnp.zeros((k,), jnp.int32))
+    n = assignment.shape[0]
+    picks = (jnp.zeros((k,), bool), jnp.zeros((k, n), jnp.float32))
     if reseed:
+      scores = None
+      if reseed_pick == "worst":  # The loss at its (final) centre's model.
+        scores = jnp.take_along_axis(losses, assignment[None], axis=0)[0]
       centers, *picks = reseed_centers(centers, messages, assignment,
-                                       reseed_key)
+                                       reseed_key, reseed_pick, scores)
     return (centers, assignment, directions, info.coefs[assignment],
             tuple(picks))
 
@@ -301,7 +414,7 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
     n = state.assignment.shape[0]
     return (state.centers, state.assignment, sent,
             jnp.eye(n, dtype=jnp.float32),
-            (jnp.zeros((k,), bool), jnp.zeros((k,), jnp.int32)))
+            (jnp.zeros((k,), bool), jnp.zeros((k, n), jnp.float32)))
 
   def step(state: MomentumClusteringState, batch, key):
     gradients.check_loss_fn(loss_fn, state.params, batch)  # At trace time.
@@ -326,7 +439,7 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
       out = lax.cond(state.round < warmup_rounds, own, cluster, *args)
     else:
       out = cluster(*args)
-    centers, assignment, directions, row_coefs, (dead, pick) = out
+    centers, assignment, directions, row_coefs, (dead, pick_weights) = out
     clustered = state.round > warmup_rounds  # Seeded in an earlier round.
     changed = jnp.sum(clustered & (assignment != state.assignment))
     tolerated = int(stable_share * assignment.shape[0])  # Static: N is.
@@ -353,11 +466,19 @@ def momentum_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
       models = cluster_models.keep_where_empty(
           (sizes > 0) & (state.round >= warmup_rounds), means, models)
       if reseed:  # An emptied centre: its pick's own step, from its model.
-        stepped, _ = base.apply_updates(
-            optimizer, jax.tree.map(lambda m: m * scale.astype(m.dtype),
-                                    tree_lib.take(messages, pick)),
-            tree_lib.take(state.opt_state, pick),
-            tree_lib.take(state.params, pick))
+        def own_steps(idx):
+          return base.apply_updates(
+              optimizer, jax.tree.map(lambda m: m * scale.astype(m.dtype),
+                                      tree_lib.take(messages, idx)),
+              tree_lib.take(state.opt_state, idx),
+              tree_lib.take(state.params, idx))[0]
+        if reseed_pick == "split":  # The half's mean own step.
+          every = own_steps(jnp.arange(assignment.shape[0]))
+          ok = (pick_weights.sum(axis=0) > 0) & tree_lib.all_finite(every)
+          stepped = tree_lib.combine(pick_weights, tree_lib.where(
+              ok, every, jax.tree.map(jnp.zeros_like, every)))
+        else:  # One-hot rows: the pick's own step.
+          stepped = own_steps(jnp.argmax(pick_weights, axis=1))
         models = tree_lib.where(dead & (sizes == 0), stepped, models)
     metrics = {
         "loss": base.benign_mean(losses, state.byzantine),
