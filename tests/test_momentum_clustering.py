@@ -285,6 +285,9 @@ def test_warmup_rounds_step_alone_then_seed():
   assert float(metrics["num_active_clusters"]) == 2.0
 
 
+_reseed_jit = jax.jit(reseed_centers, static_argnames="pick")
+
+
 def test_dead_centres_are_reseeded_in_the_largest_cluster():
   """Centres 0, 0, 5 with clients in clusters 0, 0, 0, 2: centre 1 is empty
   and coincides with centre 0, so it moves to a member of cluster 0.
@@ -299,8 +302,9 @@ def test_dead_centres_are_reseeded_in_the_largest_cluster():
       [False, True, False])
   msgs = jnp.array([[1.0], [2.0], [3.0], [5.0]])
   for seed in range(5):
-    new, dead, pick = reseed_centers(
+    new, dead, weights = _reseed_jit(
         centers, msgs, assignment, jax.random.key(seed))
+    pick = jnp.argmax(weights, axis=1)
     np.testing.assert_array_equal(dead, [False, True, False])
     assert float(new[0, 0]) == 0.0 and float(new[2, 0]) == 5.0
     assert int(pick[1]) in (0, 1, 2) and float(new[1, 0]) == msgs[pick[1], 0]
@@ -317,8 +321,61 @@ def test_dead_centres_are_not_reseeded_from_a_client_outside_the_largest():
   assignment = jnp.array([2, 0, 0, 0])
   msgs = jnp.array([[5.0], [1.0], [2.0], [3.0]])
   for seed in range(5):
-    new = reseed_centers(centers, msgs, assignment, jax.random.key(seed))[0]
+    new = _reseed_jit(centers, msgs, assignment, jax.random.key(seed))[0]
     assert float(new[1, 0]) in (1.0, 2.0, 3.0)
+
+
+def test_split_pick_moves_a_dead_centre_to_the_far_half_of_the_largest():
+  """Cluster 0 holds momenta -3, -2.5, -2, 2, 2.5, 3.5 at centre 0; centre
+  1 is empty and coincides with it; client 6 (momentum 10) is centre 2's.
+  The farthest pair is 3.5 (farthest from 0) and -3 (farthest from 3.5);
+  2-means keeps the halves {-3, -2.5, -2} (mean -2.5) and {2, 2.5, 3.5}
+  (mean 8/3), the farther from centre 0. So centre 1 moves to 8/3, with
+  weight 1/3 on clients 3, 4 and 5. Seen to fail with the nearer half
+  taken (argmin: -2.5) and with the half's first member instead of its
+  mean (2)."""
+  centers = jnp.array([[0.0], [0.0], [10.0]])
+  msgs = jnp.array([[-3.0], [-2.5], [-2.0], [2.0], [2.5], [3.5], [10.0]])
+  assignment = jnp.array([0, 0, 0, 0, 0, 0, 2])
+  new, dead, weights = _reseed_jit(centers, msgs, assignment,
+                                   jax.random.key(0), pick="split")
+  np.testing.assert_array_equal(dead, [False, True, False])
+  np.testing.assert_allclose(new[:, 0], [0.0, 8.0 / 3.0, 10.0], rtol=1e-6)
+  np.testing.assert_allclose(weights[1], [0, 0, 0, 1 / 3, 1 / 3, 1 / 3, 0],
+                             rtol=1e-6)
+
+
+def test_worst_pick_takes_the_members_with_the_highest_scores_in_order():
+  """The clients of the split test, scores 1, 5, 2, 3, 4, 0 in cluster 0
+  and 9 for client 6 (centre 3's, not in the largest): centres 1 and 2 are
+  empty and coincide with centre 0, so centre 1 moves to the highest-scored
+  member (client 1, -2.5) and centre 2 to the next (client 4, 2.5); client
+  6 is never picked. Seen to fail with the lowest scores picked first
+  (clients 5 and 0) and with every dead centre given the same rank."""
+  centers = jnp.array([[0.0], [0.0], [0.0], [10.0]])
+  msgs = jnp.array([[-3.0], [-2.5], [-2.0], [2.0], [2.5], [3.5], [10.0]])
+  assignment = jnp.array([0, 0, 0, 0, 0, 0, 3])
+  scores = jnp.array([1.0, 5.0, 2.0, 3.0, 4.0, 0.0, 9.0])
+  new, dead, weights = _reseed_jit(centers, msgs, assignment,
+                                   jax.random.key(0), pick="worst",
+                                   scores=scores)
+  np.testing.assert_array_equal(dead, [False, True, True, False])
+  np.testing.assert_allclose(new[:, 0], [0.0, -2.5, 2.5, 10.0])
+  np.testing.assert_array_equal(jnp.argmax(weights, axis=1)[1:3], [1, 4])
+
+
+def test_reseed_pick_is_checked():
+  with pytest.raises(ValueError, match="reseed_pick"):
+    prfl.algorithms.momentum_clustering(
+        shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=1.0,
+        reseed=True, reseed_pick="nearest")
+  with pytest.raises(ValueError, match="needs assign='loss'"):
+    prfl.algorithms.momentum_clustering(
+        shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=1.0,
+        reseed=True, reseed_pick="worst")
+  with pytest.raises(ValueError, match="needs `scores`"):
+    reseed_centers(jnp.zeros((2, 1)), jnp.zeros((3, 1)), jnp.zeros(3, int),
+                   jax.random.key(0), pick="worst")
 
 
 def test_sticky_needs_assigned_balls():
@@ -620,6 +677,32 @@ def test_reseed_gives_an_emptied_centre_its_picks_own_step():
     np.testing.assert_allclose(new.models[:, 0],
                                [5.4, 0.9 * float(new.centers[1, 0])],
                                atol=1e-5)
+
+
+def test_split_reseed_gives_an_emptied_centre_its_halfs_mean_own_step():
+  """Five clients, params 1, 2, 3, 10, 11, all on centre 0 (models 5 and
+  20, optima 0; alpha 1, lr 0.1, radius 100), reseed_pick="split": all keep
+  centre 0 (loss at 5 below that at 20), whose ball averages to 5.4; centre
+  1 is empty. 2-means from the farthest pair 11 and 1 splits {10, 11}
+  (mean 10.5, 5.1 from 5.4) from {1, 2, 3} (mean 2, 3.4 away): centre 1
+  moves to 10.5 and its model to the half's mean own step, 0.9 * 10.5 =
+  9.45 (x - 0.1 * m with m = x). Seen to fail with the half's mean model
+  without the step (10.5)."""
+  alg = prfl.algorithms.momentum_clustering(
+      shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=100.0,
+      num_iters=1, alpha=1.0, warmup_rounds=0, seed_average=False,
+      freeze_when_stable=None, assign="loss", reseed=True,
+      reseed_pick="split")
+  state = _seeded_loss_state(
+      alg, jnp.array([[1.0], [2.0], [3.0], [10.0], [11.0]]), [0] * 5,
+      jnp.array([[5.0], [20.0]]), jnp.array([[5.0], [20.0]]))
+  new, metrics = jax.jit(alg.step)(state, jnp.zeros((5, 1, 1)),
+                                   jax.random.key(0))
+  np.testing.assert_array_equal(new.assignment, [0] * 5)
+  assert float(metrics["reseeded"]) == 1.0
+  np.testing.assert_allclose(new.centers[:, 0], [5.4, 10.5], rtol=1e-5)
+  np.testing.assert_allclose(new.models[:, 0], [5.4 - 0.54, 9.45],
+                             rtol=1e-5)
 
 
 @pytest.mark.parametrize("models", [None, jnp.zeros((3, 1))])
