@@ -121,6 +121,19 @@ def _loss_reseed_seeds() -> dict:
        "5", "--seed", str(seed)]) for seed in range(10)}
 
 
+_PICKS = ("assigned_stable_warm_loss_reseed_split,"
+          "assigned_stable_warm_loss_reseed_worst")
+
+
+def _reseed_pick_seeds() -> dict:
+  """The re-seed picks by a split of the largest cluster and by its
+  worst-fit client (session 12, issue 19), seeds 0-9."""
+  return {f"momentum_clustering/reseed_pick_synthetic/s{seed}": (
+      "momentum_variants", "synthetic",
+      ["--variants", _PICKS, "--warmup-rounds", "5", "--seed", str(seed)])
+      for seed in range(10)}
+
+
 # Results directory -> (experiment, preset, flags typed after it).
 COMMITTED = {
     "mnist/digits": ("mnist", "digits", []),
@@ -339,6 +352,15 @@ COMMITTED = {
     "momentum_clustering/loss_reseed_digits_table1": (
         "mnist", "digits", ["--algorithms", "mc", "--mc-assign", "loss",
                             "--mc-reseed"]),
+    **_reseed_pick_seeds(),
+    "momentum_clustering/reseed_pick_fashion_rotation": (
+        "momentum_variants", "fashion_rotation",
+        ["--variants", _PICKS, "--warmup-rounds", "5"]),
+    **{f"momentum_clustering/reseed_pick_digits_{task}": (
+        "momentum_variants", "freeze_digits",
+        ["--task", task, "--variants",
+         _PICKS + ",assigned_stable_warm_loss_reseed", "--warmup-rounds", "5"])
+       for task in ("rotation", "private_label")},
 }
 # The names of the runs before the options layer, per experiment.
 _COMMON = {"num_clusters": "clusters", "num_rounds": "rounds",
