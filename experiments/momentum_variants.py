@@ -47,8 +47,10 @@ START = "start"  # The driver's key, not the library's: see `initial_state`.
 # keeps its meaning when the library's default changes. "paper" is
 # Algorithm 3 as written; "default" is the library's default before 27
 # November (own-client balls, sticky), kept under its old name for the
-# committed runs; "assigned_stable_warm" is the library's default since
-# (its warm-up: 10 rounds until session 8, 5 since; --warmup-rounds).
+# committed runs; "assigned_stable_warm" is the library's default from then
+# to session 11 (its warm-up: 10 rounds until session 8, 5 since;
+# --warmup-rounds); "assigned_stable_warm_loss_reseed_split" is the
+# library's default since session 12.
 _PAPER = PAPER_LITERAL
 _ASSIGNED = {**_PAPER, "balls": "assigned"}
 _STICKY = {**_ASSIGNED, "sticky": True}
@@ -134,8 +136,10 @@ class Config:
                      choices=("rotation", "private_label"))
   variants: tuple[str, ...] = option(
       ("paper", "assigned_stable_warm", "myopic", "oracle"),
-      "comma-separated variants and baselines ('assigned_stable_warm': the "
-      "library's default; 'default': its default before 27 November)",
+      "comma-separated variants and baselines "
+      "('assigned_stable_warm_loss_reseed_split': the library's default "
+      "since session 12; 'assigned_stable_warm': its default from 27 "
+      "November to session 11; 'default': its default before)",
       choices=tuple(VARIANTS) + BASELINES)
   assigned_quantile: float = option(
       0.95, "radius quantile of the 'assigned' variants: over a centre's "
