@@ -356,6 +356,11 @@ COMMITTED = {
     "momentum_clustering/reseed_pick_fashion_rotation": (
         "momentum_variants", "fashion_rotation",
         ["--variants", _PICKS, "--warmup-rounds", "5"]),
+    "momentum_clustering/reseed_pick_fashion_private_label": (
+        "momentum_variants", "fashion_rotation",
+        ["--task", "private_label", "--variants",
+         "assigned_stable_warm_loss_reseed_split,assigned_stable_warm,"
+         "myopic,oracle", "--warmup-rounds", "5"]),
     **{f"momentum_clustering/reseed_pick_digits_{task}": (
         "momentum_variants", "freeze_digits",
         ["--task", task, "--variants",

@@ -13,8 +13,8 @@ README.md`). The default, `balls="assigned", sticky=False, warmup_rounds=5,
 seed_average=True, freeze_when_stable=5, assign="loss", reseed=True,
 reseed_pick="split"` (since session 12), was the best variant measured: the
 true clusters (K active clusters of the right sizes) on the synthetic
-regression's seeds 0-9, on Fashion-MNIST rotation (4 x 25) and on both
-digits Table 1 tasks, at least Myopic-Clustering's accuracy on each. The
+regression's seeds 0-9, on Fashion-MNIST rotation and private label
+(4 x 25) and on both digits Table 1 tasks, at least Myopic-Clustering's accuracy on each. The
 default before it (`assign="momentum"`, no re-seed: driver variant
 `assigned_stable_warm`) did not settle on the synthetic regression, whose
 true clusters' momenta are not nearest-mean separable, nor on Fashion-MNIST
