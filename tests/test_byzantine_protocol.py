@@ -2,8 +2,9 @@
 
 Mutations seen to fail these tests: the worst case taken over the attacks
 alone (the attack-free run not one of the attacker's choices), a second
-measurement of a run silently kept, runs of different lengths merged into
-one cell, the README block left unrewritten.
+measurement of a row within one run file silently kept, runs of different
+lengths merged into one cell, the README block left unrewritten, a drop taken
+against another run's attack-free accuracy.
 """
 
 import json
@@ -54,8 +55,32 @@ def test_worst_case_merges_runs_and_counts_the_attack_free_run(tmp_path):
   assert (tmp_path / "heatmap.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_a_run_measured_twice_differently_is_refused(tmp_path):
-  _run(tmp_path, "a", "digits", [("none", "fc", 0.80)])
-  _run(tmp_path, "b", "digits", [("none", "fc", 0.81)])
-  with pytest.raises(ValueError, match="measured twice"):
+def test_a_run_file_measuring_a_row_twice_differently_is_refused(tmp_path):
+  _run(tmp_path, "a", "digits", [("none", "fc", 0.80), ("none", "fc", 0.81)])
+  with pytest.raises(ValueError, match="measured twice in a/grid.json"):
     protocol.load_rows(str(tmp_path))
+
+
+def test_each_drop_is_taken_against_its_own_runs_attack_free_run(tmp_path):
+  """Two runs of one cell on different machines: 80.0 and 84.0 attack-free.
+  ALIE's 78.0 in the first is the worst case but only 2 points down; IPM's
+  80.0 in the second is 4 points down, the cell's drop. Taken against the
+  first attack-free run alone the drop reads 2.0 (seen to fail so); the
+  last-3 means are 83 - 79 = 4 for IPM against 79 - 78 = 1 for ALIE."""
+  def rows_with_curves(path, rows):
+    (tmp_path / path / "grid.json").write_text(json.dumps({"rows": [
+        {"fraction": 0.2, "attack": a, "method": "fc", "accuracy": acc,
+         "curve_accuracy": curve} for a, acc, curve in rows]}))
+  _run(tmp_path, "a", "digits", [])
+  rows_with_curves("a", [("none", 0.80, [0.5, 0.78, 0.79, 0.80]),
+                         ("alie", 0.78, [0.6, 0.77, 0.79, 0.78])])
+  _run(tmp_path, "b", "digits", [])
+  rows_with_curves("b", [("none", 0.84, [0.4, 0.82, 0.83, 0.84]),
+                         ("ipm", 0.80, [0.4, 0.78, 0.79, 0.80])])
+  (s,) = protocol.summarise(protocol.load_rows(str(tmp_path)))
+  assert s["attack_free_runs"] == [0.80, 0.84]
+  assert (s["worst"], s["worst_attack"]) == (0.78, "alie")
+  assert (s["drop"], s["drop_attack"]) == (4.0, "ipm")
+  assert s["drop_last3"] == pytest.approx(4.0)
+  text = protocol.markdown(protocol.load_rows(str(tmp_path)), [s])
+  assert "| 80.0 / 84.0 | 78.0 (ALIE) | 4.0 (IPM (eps 0.1)) | 4.0 |" in text
