@@ -173,7 +173,14 @@ class Baselines:
       True, "Momentum-Clustering: at seeding, clients take their centre's "
       "mean model")
   mc_reseed: bool = option(
-      False, "Momentum-Clustering: move empty or coinciding centres")
+      True, "Momentum-Clustering: move empty or coinciding centres "
+      "(--no-mc-reseed before session 12)")
+  mc_reseed_pick: str = option(
+      "split", "Momentum-Clustering with mc_reseed: where a dead centre "
+      "moves in the largest cluster (split: the mean of the half that "
+      "2-means splits off; random: a random client, the pick before "
+      "session 12; worst: the client with the highest loss at its centre's "
+      "model, needs mc_assign=loss)", choices=("split", "random", "worst"))
   mc_bias_correction: bool = option(
       False, "Momentum-Clustering: cluster bias-corrected momenta")
   mc_freeze: Optional[int] = option(
@@ -188,10 +195,11 @@ class Baselines:
       "still when at most this share of the clients changed centre (0: "
       "none)", low=0, high=1, high_open=True)
   mc_assign: str = option(
-      "momentum", "Momentum-Clustering: how a client picks its centre "
-      "after seeding (momentum: nearest to its momentum, Algorithm 3; "
-      "loss: lowest loss at a centre's mean model, IFCA's signal)",
-      choices=("momentum", "loss"))
+      "loss", "Momentum-Clustering: how a client picks its centre "
+      "after seeding (loss: lowest loss at a centre's carried model, "
+      "IFCA's signal, the default since session 12; momentum: nearest to "
+      "its momentum, Algorithm 3, the default before; mc_sticky needs it)",
+      choices=("loss", "momentum"))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -308,7 +308,7 @@ def _myopic(ctx, s):
 @register("mc", "Momentum-Clustering", reads=_CLUSTERING + (
     "clustering_method", "mc_alpha", "mc_lr_over_alpha", "mc_balls",
     "mc_quantile", "mc_sticky", "mc_warmup", "mc_seed_average",
-    "mc_reseed",
+    "mc_reseed", "mc_reseed_pick",
     "mc_bias_correction", "mc_freeze", "mc_freeze_stable",
     "mc_stable_share", "mc_assign"))
 def _mc(ctx, s):
@@ -332,10 +332,7 @@ def _mc(ctx, s):
       attack=ctx.attack, method=s.clustering_method, balls=s.mc_balls,
       sticky=s.mc_sticky and assigned,
       warmup_rounds=s.mc_warmup, seed_average=s.mc_seed_average,
-      # The pick the committed --mc-reseed runs used; the library's default
-      # is "split" since session 12 (no option here yet: adding one
-      # changes the main job's config, which the coordinator reruns).
-      reseed=s.mc_reseed, reseed_pick="random",
+      reseed=s.mc_reseed, reseed_pick=s.mc_reseed_pick,
       bias_correction=s.mc_bias_correction,
       freeze_after=s.mc_freeze,
       freeze_when_stable=s.mc_freeze_stable if assigned else None,

@@ -367,6 +367,45 @@ COMMITTED = {
          _PICKS + ",assigned_stable_warm_loss_reseed", "--warmup-rounds", "5"])
        for task in ("rotation", "private_label")},
 }
+# Session 12 made the experiments' Momentum-Clustering the library's default
+# (loss assignment, an emptied centre re-seeded by splitting the largest
+# cluster): the committed runs before it ran the nearest-centre assignment
+# without re-seeding (those with --mc-assign loss, the random pick).
+_BEFORE_S12 = {
+    "mnist/digits", "mnist/digits_private_label_fc_aware",
+    "mnist/digits_private_label_fc_aware_q05", "mnist/fashion_authors",
+    "mnist/fashion_authors_s9", "mnist/fashion_rotation_diagnostics",
+    "mnist/fashion_rotation_diagnostics_baselines",
+    "mnist/fashion_rotation_fc_groups4_diagnostics",
+    "momentum_clustering/assigned_digits_table1",
+    "momentum_clustering/default_digits_table1",
+    "momentum_clustering/default_fashion_private_label",
+    "momentum_clustering/freeze_digits_table1",
+    "momentum_clustering/paper_digits_table1",
+    "momentum_clustering/probe_fashion_private_label",
+    "momentum_clustering/stable_digits_table1",
+    "momentum_clustering/stable_warm_avg_digits_table1",
+    "momentum_clustering/stable_warmup_digits_table1",
+    "momentum_clustering/table1_mc",
+    "momentum_clustering/warmup5_fashion_table1",
+    "synthetic/figure2_n75",
+    *(f"momentum_clustering/warmup_seeds/{run}" for run in (
+        "digits_s0_w5", "digits_s1_w10", "digits_s1_w5", "digits_s2_w10",
+        "digits_s2_w5", "digits_s3_w10", "digits_s3_w5", "fashion_s1_w10",
+        "fashion_s1_w5")),
+}
+for _result in _BEFORE_S12:
+  _name, _preset, _flags = COMMITTED[_result]
+  COMMITTED[_result] = (_name, _preset, _flags + [
+      "--mc-assign", "momentum", "--no-mc-reseed"])
+for _result in ("momentum_clustering/loss_assign_digits_table1",
+                "momentum_clustering/loss_reseed_digits_table1"):
+  _name, _preset, _flags = COMMITTED[_result]
+  COMMITTED[_result] = (_name, _preset, _flags + ["--mc-reseed-pick",
+                                                  "random"] + (
+      [] if "--mc-reseed" in _flags else ["--no-mc-reseed"]))
+
+
 # The names of the runs before the options layer, per experiment.
 _COMMON = {"num_clusters": "clusters", "num_rounds": "rounds",
            "num_groups": "groups", "ditto_lam": "ditto_lambda",

@@ -78,7 +78,9 @@ def test_registry_gives_mc_its_balls_quantile_and_stickiness(monkeypatch):
   assigned balls). Seen to fail when sticky is given for the other balls
   (`and assigned` -> `or not assigned`), and when the stable freeze is
   passed with 'all' (the library raises); `mc_stable_share` reaches the
-  library's `stable_share`, `mc_assign` its `assign`."""
+  library's `stable_share`, `mc_assign` its `assign` (loss by default
+  since session 12, with the split re-seed), `mc_reseed_pick` its
+  `reseed_pick`."""
   seen, ctx = _captured(monkeypatch, "momentum_clustering")
   s = registry.settings(_resolve(), "mc")
   for balls, sticky, q, stable in (("assigned", False, 0.95, 5),
@@ -87,11 +89,14 @@ def test_registry_gives_mc_its_balls_quantile_and_stickiness(monkeypatch):
     assert (seen["balls"], seen["sticky"], seen["radius"].q,
             seen["freeze_when_stable"], seen["warmup_rounds"],
             seen["seed_average"]) == (balls, sticky, q, stable, 5, True)
-  assert seen["stable_share"] == 0.0 and seen["assign"] == "momentum"
+  assert seen["stable_share"] == 0.0 and (
+      seen["assign"], seen["reseed"], seen["reseed_pick"]) == (
+          "loss", True, "split")
   registry.build("mc", ctx, registry.Settings(s, mc_stable_share=0.1))
   assert seen["stable_share"] == 0.1
-  registry.build("mc", ctx, registry.Settings(s, mc_assign="loss"))
-  assert seen["assign"] == "loss"
+  registry.build("mc", ctx, registry.Settings(s, mc_assign="momentum",
+                                              mc_reseed_pick="random"))
+  assert (seen["assign"], seen["reseed_pick"]) == ("momentum", "random")
   registry.build("mc", ctx, registry.Settings(s, mc_sticky=True))
   assert seen["sticky"]
   registry.build("mc", ctx, registry.Settings(s, mc_balls="all",
