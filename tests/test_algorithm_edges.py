@@ -45,12 +45,13 @@ def test_dead_centres_coincide_within_rtol_of_the_larger_norm():
   `all` over the lower triangle (#299: no centre then ever coincides)."""
   centres = {"w": jnp.array([[100.0, 0.0], [100.05, 0.0], [0.0, 50.0],
                              [0.0, 50.1], [7.0, 7.0]])}
-  dead = dead_centers(centres, jnp.array([0, 1, 2, 3, 3]))
+  dead = jax.jit(dead_centers)(centres, jnp.array([0, 1, 2, 3, 3]))
   np.testing.assert_array_equal(dead, [False, True, False, False, True])
   # The larger norm: (10, 0) and (6, 0) are 4 apart, within 0.5 x 10 but
   # not 0.5 x 6 (#293: `minimum` of the norms).
-  far = dead_centers({"w": jnp.array([[10.0, 0.0], [6.0, 0.0]])},
-                     jnp.array([0, 1]), rtol=0.5)
+  far = jax.jit(dead_centers, static_argnames="rtol")(
+      {"w": jnp.array([[10.0, 0.0], [6.0, 0.0]])}, jnp.array([0, 1]),
+      rtol=0.5)
   np.testing.assert_array_equal(far, [False, True])
 
 
@@ -61,11 +62,12 @@ def test_momentum_clustering_momentum_weights_alpha_and_one_minus_alpha():
   alg = prfl.algorithms.momentum_clustering(
       shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=3.0,
       num_iters=1, alpha=0.25, **PAPER)
-  state, _ = alg.step(alg.init(jnp.zeros((4, 1))), C[:, None], KEY)
+  step = jax.jit(alg.step)
+  state, _ = step(alg.init(jnp.zeros((4, 1))), C[:, None], KEY)
   m1 = 0.25 * (0.0 - np.asarray(C))
   np.testing.assert_allclose(state.momentum, m1, atol=1e-6)
   x1 = np.asarray(state.params)
-  state, _ = alg.step(state, C[:, None], jax.random.key(1))
+  state, _ = step(state, C[:, None], jax.random.key(1))
   np.testing.assert_allclose(state.momentum,
                              0.25 * (x1 - np.asarray(C)) + 0.75 * m1,
                              atol=1e-6)
@@ -78,8 +80,8 @@ def test_ditto_global_part_steps_with_the_global_optimizer():
   with the personal optimizer (w = 1 + 0.2 (3 - 1) = 1.4)."""
   alg = ditto(quadratic, optax.sgd(0.2), lam=0.5,
               global_optimizer=optax.sgd(1.0))
-  state, _ = alg.step(alg.init(jnp.ones(3)),
-                      jnp.array([[0.0], [2.0], [7.0]]), KEY)
+  state, _ = jax.jit(alg.step)(alg.init(jnp.ones(3)),
+                               jnp.array([[0.0], [2.0], [7.0]]), KEY)
   np.testing.assert_allclose(state.global_params, 3.0, rtol=1e-6)
 
 
@@ -91,11 +93,12 @@ def test_ifca_keeps_an_empty_clusters_optimizer_state():
   trace decays to 0.9 of itself)."""
   alg = ifca(quadratic, optax.sgd(0.1, momentum=0.9), num_clusters=2,
              option=1, init_models=jnp.array([0.0, 4.0]))
-  state, _ = alg.step(alg.init(jnp.zeros(4)),
-                      jnp.array([[0.0], [1.0], [5.0], [9.0]]), KEY)
+  step = jax.jit(alg.step)
+  state, _ = step(alg.init(jnp.zeros(4)),
+                  jnp.array([[0.0], [1.0], [5.0], [9.0]]), KEY)
   assert set(np.asarray(state.assignment).tolist()) == {0, 1}
   before = jax.tree.leaves(state.opt_state)
-  state, _ = alg.step(state, jnp.full((4, 1), -10.0), jax.random.key(1))
+  state, _ = step(state, jnp.full((4, 1), -10.0), jax.random.key(1))
   assert set(np.asarray(state.assignment).tolist()) == {0}
   traces = [(a, b) for a, b in zip(before, jax.tree.leaves(state.opt_state))
             if jnp.ndim(a) > 0]
@@ -113,7 +116,8 @@ def test_ifca_never_assigns_a_client_to_a_nan_loss():
   nan_below_zero = lambda x, c: quadratic(x, c) + 0.0 * jnp.sqrt(x)
   alg = ifca(nan_below_zero, optax.sgd(0.1), num_clusters=2, option=1,
              init_models=jnp.array([-1.0, 4.0]))
-  state, _ = alg.step(alg.init(jnp.zeros(2)), jnp.array([[0.0], [1.0]]), KEY)
+  state, _ = jax.jit(alg.step)(alg.init(jnp.zeros(2)),
+                               jnp.array([[0.0], [1.0]]), KEY)
   np.testing.assert_array_equal(state.assignment, [1, 1])
   assert np.all(np.isfinite(np.asarray(state.models[1])))
 
@@ -123,9 +127,9 @@ def _knn(val, test, lambdas, k):
   says class 1 (logits 0, 5) or is uniform (params 0)."""
   train = (jnp.array([[-1.0], [1.0]]), jnp.array([0, 1]))
   logits_fn = lambda p, x: jnp.zeros((x.shape[0], 2)).at[:, 1].set(p)
-  return knn_per_evaluate(logits_fn, lambda p, x: x, jnp.asarray(val[2]),
-                          train, val[:2], test, k=k, num_classes=2,
-                          lambdas=lambdas)
+  evaluate = jax.jit(lambda *args: knn_per_evaluate(  # Eagerly: seconds.
+      logits_fn, lambda p, x: x, *args, k=k, num_classes=2, lambdas=lambdas))
+  return evaluate(jnp.asarray(val[2]), train, val[:2], test)
 
 
 def test_knn_per_chooses_lambda_on_validation_not_test():
@@ -159,7 +163,7 @@ def test_myopic_default_separation_is_the_radius():
   batch = jnp.array([[0.1], [0.12], [0.3]])
   alg = myopic_clustering(quadratic, optax.sgd(1.0), num_clusters=3,
                           radius=0.05)
+  step = jax.jit(alg.step)
   for seed in range(3):
-    _, metrics = alg.step(alg.init(jnp.zeros(3)), batch,
-                          jax.random.key(seed))
+    _, metrics = step(alg.init(jnp.zeros(3)), batch, jax.random.key(seed))
     assert metrics["num_clusters"] == 2

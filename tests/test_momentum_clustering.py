@@ -38,7 +38,7 @@ def test_two_rounds_by_hand():
       shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=1.0,
       num_iters=1, alpha=1.0, **PAPER)
   state = alg.init(jnp.zeros((4, 1)))
-  state, _ = alg.step(state, C[:, None], jax.random.key(0))
+  state, _ = jax.jit(alg.step)(state, C[:, None], jax.random.key(0))
   np.testing.assert_allclose(state.params[:, 0], [0, 0, 1, 1], atol=1e-6)
   a = np.asarray(state.assignment)
   assert a[0] == a[1] and a[2] == a[3] and a[0] != a[2]
@@ -53,10 +53,10 @@ def test_momentum_and_carried_centres():
   alg = prfl.algorithms.momentum_clustering(
       shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=3.0,
       num_iters=1, alpha=0.5, **PAPER)
-  state = alg.init(jnp.zeros((4, 1)))
-  state, _ = alg.step(state, C[:, None], jax.random.key(0))
+  state, step = alg.init(jnp.zeros((4, 1))), jax.jit(alg.step)
+  state, _ = step(state, C[:, None], jax.random.key(0))
   np.testing.assert_allclose(state.params[:, 0], [0, 0, 0.5, 0.5], atol=1e-6)
-  state, _ = alg.step(state, C[:, None], jax.random.key(1))
+  state, _ = step(state, C[:, None], jax.random.key(1))
   np.testing.assert_allclose(state.momentum[:, 0], [0, 0, -7.25, -7.25],
                              atol=1e-6)
   np.testing.assert_allclose(state.params[:, 0], [0, 0, 1.1125, 1.1125],
@@ -65,8 +65,9 @@ def test_momentum_and_carried_centres():
 
 def test_farthest_first_covers_separated_clusters_and_skips_nan():
   pts = jnp.array([[0.0], [0.1], [5.0], [5.1], [-7.0], [jnp.nan]])
+  farthest = jax.jit(prfl.clustering.farthest_first, static_argnums=1)
   for seed in range(5):
-    index = prfl.clustering.farthest_first(pts, 3, jax.random.key(seed))
+    index = farthest(pts, 3, jax.random.key(seed))
     centres = np.sort(np.asarray(pts)[np.asarray(index), 0])
     assert centres[0] == -7.0 and 0 <= centres[1] <= 0.1 and centres[2] >= 5
 
@@ -118,10 +119,10 @@ def test_gram_method_gives_the_hand_computed_rounds():
   alg = prfl.algorithms.momentum_clustering(
       shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=3.0,
       num_iters=1, alpha=0.5, method="gram", **PAPER)
-  state = alg.init(jnp.zeros((4, 1)))
-  state, _ = alg.step(state, C[:, None], jax.random.key(0))
+  state, step = alg.init(jnp.zeros((4, 1))), jax.jit(alg.step)
+  state, _ = step(state, C[:, None], jax.random.key(0))
   np.testing.assert_allclose(state.params[:, 0], [0, 0, 0.5, 0.5], atol=1e-6)
-  state, _ = alg.step(state, C[:, None], jax.random.key(1))
+  state, _ = step(state, C[:, None], jax.random.key(1))
   np.testing.assert_allclose(state.params[:, 0], [0, 0, 1.1125, 1.1125],
                              atol=1e-6)
   rng = np.random.default_rng(1)
@@ -256,8 +257,9 @@ def test_bias_correction_rescales_what_is_clustered_not_the_step():
     alg = prfl.algorithms.momentum_clustering(
         shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=0.0,
         num_iters=1, alpha=0.5, bias_correction=corr, **OLD_DEFAULT)
-    state, _ = alg.step(alg.init(jnp.zeros((2, 1))),
-                        jnp.array([[[0.0]], [[10.0]]]), jax.random.key(0))
+    state, _ = jax.jit(alg.step)(alg.init(jnp.zeros((2, 1))),
+                                 jnp.array([[[0.0]], [[10.0]]]),
+                                 jax.random.key(0))
     runs[corr] = state
   np.testing.assert_allclose(runs[True].params, runs[False].params, atol=1e-6)
   np.testing.assert_allclose(np.sort(runs[True].centers[:, 0]), [-10, 0],
@@ -276,16 +278,16 @@ def test_warmup_rounds_step_alone_then_seed():
   alg = prfl.algorithms.momentum_clustering(
       shifted_quadratic, optax.sgd(1.0), num_clusters=2, radius=100.0,
       num_iters=1, alpha=0.5, warmup_rounds=2)
-  state = alg.init(jnp.zeros((4, 1)))
+  state, step = alg.init(jnp.zeros((4, 1))), jax.jit(alg.step)
   x, m = np.zeros(4), np.zeros(4)
   for t in range(2):
-    state, metrics = alg.step(state, c, jax.random.key(t))
+    state, metrics = step(state, c, jax.random.key(t))
     m = 0.5 * (x - c[:, 0, 0]) + 0.5 * m
     x = x - m
     np.testing.assert_allclose(state.params[:, 0], x, atol=1e-5)
     assert float(metrics["effective_count"]) == 1.0
   np.testing.assert_allclose(state.centers, 0.0)
-  state, metrics = alg.step(state, c, jax.random.key(2))
+  state, metrics = step(state, c, jax.random.key(2))
   assert float(metrics["num_active_clusters"]) == 2.0
 
 
@@ -574,7 +576,7 @@ def test_loss_assignment_picks_the_centre_model_with_the_lowest_loss(
       round=jnp.ones((), jnp.int32), centers=jnp.array([[-1.0], [1.0]]),
       models=jnp.array([[0.0], [10.0]]) if assign == "loss" else None)
   optima = jnp.array([[0.0], [9.0], [10.0], [10.0]])[:, None]
-  state, metrics = alg.step(state, optima, jax.random.key(0))
+  state, metrics = jax.jit(alg.step)(state, optima, jax.random.key(0))
   np.testing.assert_array_equal(state.assignment, assignment)
   np.testing.assert_allclose(state.params[:, 0], params, atol=1e-5)
   assert float(metrics["moved"]) == 1.0
