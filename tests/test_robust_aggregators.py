@@ -50,6 +50,9 @@ RULES = {
     "dnc": (agg.dnc(F), lambda x, w: ref.dnc(x, w, F)),
     "signguard": (agg.signguard(), lambda x, w: ref.signguard(x, w)),
 }
+# Every rule jitted once for the module: the tests below call it on the same
+# shapes again (eagerly, op by op, each call cost seconds).
+JIT = {name: jax.jit(rule) for name, (rule, _) in RULES.items()}
 # Rules whose reference takes non-unit weights as the rule does.
 WEIGHTED = ["meamed", "mda", "smea", "caf", "dnc", "monna"]
 TOL = {"rtol": 2e-4, "atol": 2e-5}  # float32 rule vs float64 reference.
@@ -57,9 +60,9 @@ TOL = {"rtol": 2e-4, "atol": 2e-5}  # float32 rule vs float64 reference.
 
 @pytest.mark.parametrize("name", list(RULES))
 def test_matches_numpy_reference(name):
-  rule, reference = RULES[name]
+  _, reference = RULES[name]
   msgs = _messages()
-  np.testing.assert_allclose(_vec(jax.jit(rule)(msgs)),
+  np.testing.assert_allclose(_vec(JIT[name](msgs)),
                              reference(_flat(msgs), np.ones(N)), **TOL)
 
 
@@ -68,7 +71,7 @@ def test_absent_and_non_finite_rows_are_left_out(name):
   """Weight-0 rows hold 1e6 and NaN, another row Inf: the rule is the
   reference on the remaining rows (the index of MoNNA's trusted row shifts
   with them, so its row is kept in front)."""
-  rule, reference = RULES[name]
+  _, reference = RULES[name]
   msgs = _messages(seed=1, n=N + 3)
   weights = np.ones(N + 3, np.float32)
   weights[[5, 9]] = 0.0
@@ -77,17 +80,18 @@ def test_absent_and_non_finite_rows_are_left_out(name):
   msgs["w"][12, 0, 0] = np.inf
   keep = np.ones(N + 3, bool)
   keep[[5, 9, 12]] = False
-  out = rule(msgs, jnp.asarray(weights))
+  out = JIT[name](msgs, jnp.asarray(weights))
   np.testing.assert_allclose(_vec(out),
                              reference(_flat(msgs)[keep], np.ones(N)), **TOL)
 
 
 @pytest.mark.parametrize("name", WEIGHTED)
 def test_weights_scale_the_averages(name):
-  rule, reference = RULES[name]
+  _, reference = RULES[name]
   msgs = _messages(seed=2)
   w = np.linspace(0.5, 2.0, N)
-  np.testing.assert_allclose(_vec(rule(msgs, jnp.asarray(w, jnp.float32))),
+  np.testing.assert_allclose(_vec(JIT[name](msgs,
+                                            jnp.asarray(w, jnp.float32))),
                              reference(_flat(msgs), w), **TOL)
 
 
@@ -99,7 +103,7 @@ def test_vmap_over_message_sets(name):
   out = jax.jit(jax.vmap(rule))(stacked)
   for i, msgs in enumerate(sets):
     np.testing.assert_allclose(
-        _vec(jax.tree.map(lambda v, i=i: v[i], out)), _vec(rule(msgs)),
+        _vec(jax.tree.map(lambda v, i=i: v[i], out)), _vec(JIT[name](msgs)),
         rtol=1e-5, atol=1e-6)
 
 
@@ -107,10 +111,9 @@ def test_vmap_over_message_sets(name):
                                   "dnc", "monna"])
 def test_far_rows_do_not_reach_the_output(name):
   """f rows at 1e4: the aggregate stays within the inliers' range."""
-  rule, _ = RULES[name]
   msgs = _messages(seed=3, outliers=0)
   msgs["w"][:F] = 1e4
-  out = _vec(rule(msgs))
+  out = _vec(JIT[name](msgs))
   assert np.all(np.abs(out) < 5.0), out
 
 
@@ -179,7 +182,7 @@ def test_pre_aggregator_drops_absent_rows(name):
   msgs["b"][7] = np.nan
   keep = np.ones(N + 2, bool)
   keep[[3, 7]] = False
-  out, out_w = pre(msgs, jnp.asarray(weights))
+  out, out_w = jax.jit(pre)(msgs, jnp.asarray(weights))
   expected, _ = reference(_flat(msgs)[keep], np.ones(N))
   np.testing.assert_allclose(_flat(out)[keep], expected, **TOL)
   np.testing.assert_array_equal(_flat(out)[~keep], 0.0)
