@@ -172,16 +172,17 @@ def test_local_steps_alternate_with_clustering():
       shifted_quadratic, optax.sgd(0.1), radius=1.0, local_steps=2)
   state = alg.init(jnp.zeros((4, 2)))
   batch = jnp.arange(8.0).reshape(4, 1, 2)
-  flags = []
+  flags, step = [], jax.jit(alg.step)
   for t in range(6):
-    state, m = jax.jit(alg.step)(state, batch, jax.random.key(t))
+    state, m = step(state, batch, jax.random.key(t))
     flags.append(float(m["clustered"]))
   assert flags == [1.0, 0.0, 0.0, 1.0, 0.0, 0.0]
   # A local round is a plain gradient step.
   local = prfl.algorithms.local(shifted_quadratic, optax.sgd(0.1))
   s1 = alg.init(jnp.ones((4, 2)))._replace(round=jnp.array(1, jnp.int32))
-  s1, _ = alg.step(s1, batch, jax.random.key(0))
-  s2, _ = local.step(local.init(jnp.ones((4, 2))), batch, jax.random.key(0))
+  s1, _ = step(s1, batch, jax.random.key(0))
+  s2, _ = jax.jit(local.step)(local.init(jnp.ones((4, 2))), batch,
+                              jax.random.key(0))
   np.testing.assert_allclose(s1.params, s2.params)
 
 
