@@ -156,8 +156,8 @@ def test_option1_median_aggregator_matches_numpy():
              attack=attacks.large(100.0), aggregator=aggregators.median(),
              init_models=jnp.asarray(models))
   state = alg.init(jnp.zeros(5), byzantine=jnp.asarray(byz))
-  state, _ = alg.step(state, jnp.asarray(targets)[:, None],
-                      jax.random.PRNGKey(0))
+  state, _ = jax.jit(alg.step)(state, jnp.asarray(targets)[:, None],
+                               jax.random.PRNGKey(0))
   a = np.argmin(0.5 * (models[:, None] - targets[None]) ** 2, axis=0)
   grads = models[a] - targets
   grads[byz] *= 100.0

@@ -45,8 +45,9 @@ def test_two_rounds_match_numpy():
   x = np.full(4, 2.0)
   state = alg.init(jnp.asarray(x))
   batch = jnp.asarray(targets)[:, None]
+  step = jax.jit(alg.step)
   for r in range(2):
-    state, metrics = alg.step(state, batch, jax.random.PRNGKey(r))
+    state, metrics = step(state, batch, jax.random.PRNGKey(r))
     g = x - targets  # Gradients at the own models.
     # The clusters are {0, 1} and {2, 3}; Threshold-Clustering with 50
     # iterations converges to each cluster's mean.
@@ -65,7 +66,7 @@ def test_all_clients_merge_when_gradients_are_close():
                           radius=0.5)
   state = alg.init(jnp.zeros(3))
   batch = jnp.array([[0.1], [0.2], [0.3]])
-  state, metrics = alg.step(state, batch, jax.random.PRNGKey(0))
+  state, metrics = jax.jit(alg.step)(state, batch, jax.random.PRNGKey(0))
   assert metrics["num_clusters"] == 1
   assert np.all(np.asarray(state.assignment) == state.assignment[0])
 
