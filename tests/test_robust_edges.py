@@ -9,6 +9,7 @@ import pytest
 
 from prfl_jax import aggregators
 from prfl_jax.aggregators import signs
+from prfl_jax.aggregators import spectral
 from tests.test_aggregators import np_geometric_median
 
 
@@ -225,6 +226,17 @@ def test_monna_divides_by_the_neighbours_weight_below_one():
   np.testing.assert_allclose(got, [0.5], rtol=1e-6)
 
 
+def test_monna_without_byzantine_rows_is_the_weighted_mean():
+  """f = 0 is allowed: every present row is a neighbour of the trusted
+  one, so MoNNA is the weighted mean, (0 + 1 + 2 * 10) / 4 = 5.25. Seen to
+  fail when `num_byzantine` must be at least 1 (session 12's sampled
+  survivor aggregators #191, `minimum=0` -> `1`: the other tests use
+  f >= 1)."""
+  got = jax.jit(aggregators.monna(0))(jnp.array([[0.0], [1.0], [10.0]]),
+                                      jnp.array([1.0, 1.0, 2.0]))
+  np.testing.assert_allclose(got, [5.25], rtol=1e-6)
+
+
 def test_dnc_checks_subsample_dim_only_when_one_is_given():
   """`subsample_dim=None` (every coordinate, the default) is accepted and a
   given one must be an integer >= 1. Seen to fail when the check runs only
@@ -263,3 +275,45 @@ def test_signguard_keeps_rows_at_exactly_the_norm_bounds():
   np.testing.assert_allclose(
       jax.jit(aggregators.signguard(low=0.5, high=3.0))(x), [1.8, 0.0],
       rtol=1e-6)
+
+
+def test_signguard_draws_coord_frac_of_the_coordinates(monkeypatch):
+  """With `coord_frac` < 1 the sign statistics use `int(coord_frac * d)`
+  random coordinates, at least one: 4 of 8 at 0.5, 1 of 8 at 0.1 (the
+  draw's size is read from `jax.random.choice`, wrapped, while the rule is
+  traced). Seen to fail
+  when the count is `min(1, ...)` instead of `max(1, ...)` (session 12's
+  sampled survivor aggregators #351: every draw is one coordinate, and no
+  output test could tell which coordinates a key draws)."""
+  sizes = []
+  choice = jax.random.choice
+
+  def spy(key, a, shape=(), *args, **kwargs):
+    sizes.append((a, tuple(shape)))
+    return choice(key, a, shape, *args, **kwargs)
+
+  monkeypatch.setattr(jax.random, "choice", spy)
+  x = jnp.arange(40.0).reshape(5, 8) - 15.0
+  for frac in (0.5, 0.1):
+    agg = aggregators.signguard(coord_frac=frac)
+    jax.eval_shape(lambda m: agg(m, key=jax.random.key(0)), x)  # Traced.
+  assert sizes == [(8, (4,)), (8, (1,))]
+
+
+def test_top_direction_returns_squared_projections_on_the_unit_vector():
+  """`spectral.top_direction` against NumPy's covariance eigenpair: tau_i
+  = ((x_i - mu)^T v)^2 with v of unit length, for a spread whose top
+  eigenvalue is below 1 (0.08) and one above (8.1). Seen to fail when the
+  squared projections are divided by lambda only above 1 (session 12's
+  sampled survivor aggregators #394, `where(lam > 0, lam, 1)` -> `lam > 1`:
+  CAF and DnC read tau only up to scale, so their tests could not tell)."""
+  share = np.array([0.1, 0.2, 0.3, 0.4])
+  top = jax.jit(spectral.top_direction)
+  for scale in (1.0, 10.0):
+    x = scale * np.array([[0.0, 0.0], [0.5, 0.1], [0.0, 0.2], [0.6, 0.3]])
+    mu = share @ x
+    values, vectors = np.linalg.eigh((share[:, None] * (x - mu)).T @ (x - mu))
+    lam, tau = top(jnp.asarray(x @ x.T, jnp.float32), jnp.asarray(share))
+    np.testing.assert_allclose(lam, values[-1], rtol=1e-4)
+    np.testing.assert_allclose(tau, ((x - mu) @ vectors[:, -1]) ** 2,
+                               rtol=1e-3, atol=1e-6 * scale ** 2)
