@@ -115,6 +115,20 @@ def test_nearest_neighbour_chain_by_hand():
   np.testing.assert_array_equal(order, [0, 2, 1, 3])
 
 
+def test_from_slots_points_padding_at_client_zero():
+  """Five clients in two groups of three: the padding slot (its table entry
+  7 is ignored) points at client 0 with weight 0, as `Groups` documents
+  for both group builders, and `slot` points back at every client. Seen
+  to fail when padding points at client 1 (session 12's sampled survivor
+  algorithms #422: the other tests read padding only through its weight)."""
+  index = jnp.array([[3, 1, 7], [0, 4, 2]])
+  valid = jnp.array([[True, True, False], [True, True, True]])
+  groups = jax.jit(fc_groups.from_slots, static_argnums=2)(index, valid, 5)
+  np.testing.assert_array_equal(groups.index, [[3, 1, 0], [0, 4, 2]])
+  np.testing.assert_array_equal(groups.weight, [[1, 1, 0], [1, 1, 1]])
+  np.testing.assert_array_equal(groups.slot, [3, 1, 5, 0, 4])
+
+
 def exposure(groups, byzantine):
   """(share of benign clients with a Byzantine group mate, mean Byzantine
   share of a benign client's group)."""
