@@ -237,6 +237,19 @@ def test_monna_without_byzantine_rows_is_the_weighted_mean():
   np.testing.assert_allclose(got, [5.25], rtol=1e-6)
 
 
+def test_monna_skips_an_absent_first_row():
+  """Row 0 absent (weight 0, far away), trusted row 1, f = 1: the n - f = 2
+  nearest present rows of row 1 are rows 1 and 2, mean 0.5. Seen to fail
+  when `base.nearest` masks its choice with `present[:, None]` instead of
+  `present[None, :]` (session 12's sampled survivor aggregators #45: with
+  one query row that is row 0's presence for every column, so nothing is
+  chosen and MoNNA returns 0)."""
+  got = jax.jit(aggregators.monna(1, index=1))(
+      jnp.array([[100.0], [0.0], [1.0], [2.0]]),
+      jnp.array([0.0, 1.0, 1.0, 1.0]))
+  np.testing.assert_allclose(got, [0.5], rtol=1e-6)
+
+
 def test_dnc_checks_subsample_dim_only_when_one_is_given():
   """`subsample_dim=None` (every coordinate, the default) is accepted and a
   given one must be an integer >= 1. Seen to fail when the check runs only
