@@ -248,6 +248,11 @@ COMMITTED = {
         "byzantine", "protocol_20pct_fashion",
         ["--rounds", "60", "--edge-clustering", "gram", "--attacks",
          "min_max,fang_krum,fang_tm,mimic,opt_ipm,opt_alie"]),
+    "byzantine/protocol_20pct/fashion_private_label_baselines_60rounds": (
+        "byzantine", "protocol_20pct_fashion",
+        ["--rounds", "60", "--algorithms", "ifca_median,global_median,"
+         "global_trimmed_mean,global_krum,global_gm,global_cc", "--attacks",
+         "min_max"]),
     "byzantine/protocol_20pct/fashion_private_label_fc_spread": (
         "byzantine", "protocol_20pct_fashion", ["--attacks", "spread_edge"]),
     "byzantine/protocol_20pct/digits_private_label_global_20rounds": (
