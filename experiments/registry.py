@@ -111,7 +111,8 @@ def check(cfg, used: tuple):
   """Raises ValueError if `per_algorithm` names an algorithm not in `used`
   or a setting that algorithm does not read (a likely typo), or settings
   that contradict each other (Momentum-Clustering's stable share without
-  its stable freeze)."""
+  its stable freeze, stickiness or the worst-fit re-seed pick with the
+  other assignment rule)."""
   for name, entries in _per_algorithm(cfg).items():
     if name not in used:
       raise ValueError(f"--per-algorithm names {name!r}, which this run does "
@@ -133,6 +134,20 @@ def check(cfg, used: tuple):
       raise ValueError(f"--mc-stable-share {s.mc_stable_share} ({name}) "
                        "needs the stable freeze: --mc-freeze-stable not "
                        "auto, with --mc-balls assigned.")
+    # Stickiness (with assigned balls) and the worst-fit re-seed pick read
+    # one assignment rule each; since session 12 the default is the loss
+    # assignment, so `--mc-sticky` alone would fail at the library's build,
+    # after the data loaded.
+    if s is not None and s.get("mc_sticky") and s.mc_balls == "assigned" \
+        and s.mc_assign == "loss":
+      raise ValueError(f"--mc-sticky ({name}) keeps clients by their "
+                       "momenta: it needs --mc-assign momentum (the default "
+                       "is loss).")
+    if s is not None and s.get("mc_reseed_pick") == "worst" and (
+        s.mc_assign != "loss"):
+      raise ValueError(f"--mc-reseed-pick worst ({name}) ranks clients by "
+                       "their loss at their centre's model: it needs "
+                       "--mc-assign loss.")
 
 
 def build(name: str, ctx: Context,

@@ -358,6 +358,25 @@ def test_mc_stable_share_needs_the_stable_freeze_with_assigned_balls():
       registry.check(cfg, ("mc",))
 
 
+def test_mc_sticky_and_the_worst_pick_need_their_assignment_rule():
+  """`--mc-sticky` needs `--mc-assign momentum` (the default is loss since
+  session 12) and `--mc-reseed-pick worst` needs the loss assignment:
+  refused by `registry.check`, before any data loads, not by the library
+  after it. Sticky with `all` balls is ignored (as `_mc` passes it), so it
+  stays accepted. Seen to fail with the sticky check removed (the run
+  then died at the build, after loading the digits)."""
+  registry.check(_resolve("--algorithms", "mc", "--mc-sticky",
+                          "--mc-assign", "momentum"), ("mc",))
+  registry.check(_resolve("--algorithms", "mc", "--mc-sticky",
+                          "--mc-balls", "all"), ("mc",))
+  for flags, match in ((("--mc-sticky",), "needs --mc-assign momentum"),
+                       (("--mc-assign", "momentum", "--mc-reseed-pick",
+                         "worst"), "needs --mc-assign loss")):
+    cfg = cli.parse(config.Config, ["--algorithms", "mc", *flags])[0]
+    with pytest.raises(ValueError, match=match):
+      registry.check(cfg, ("mc",))
+
+
 def test_federation_sizes_cap_a_large_share_at_200_and_33():
   """Fashion-MNIST over 4 x 10 clients: 1750 examples each, of which 200
   train and 33 test (the paper's 300 clients leave exactly 200, so its
