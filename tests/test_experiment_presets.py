@@ -338,6 +338,9 @@ COMMITTED = {
         + _MC_WARMUP_10),
     "momentum_clustering/warmup5_fashion_table1": (
         "mnist", "paper", ["--algorithms", "mc", "--mc-warmup", "5"]),
+    # Session 12: Fashion-MNIST Table 1 (N = 300) under the new default.
+    "momentum_clustering/split_fashion_table1": (
+        "mnist", "paper", ["--algorithms", "mc"]),
     "momentum_clustering/default_synthetic": (
         "momentum_variants", "synthetic",
         ["--variants", "paper,default,assigned_stable_warm,myopic,oracle"]),
