@@ -124,8 +124,9 @@ def _drops(runs: list) -> list:
       out.append((None, None, r["attack"]))
       continue
     c = clean[0]
-    last = (None if _last_mean(r) is None or _last_mean(c) is None
-            else round(100 * (_last_mean(c) - _last_mean(r)), 2))
+    last_c, last_r = _last_mean(c), _last_mean(r)
+    last = (None if last_c is None or last_r is None
+            else round(100 * (last_c - last_r), 2))
     out.append((round(100 * (c["accuracy"] - r["accuracy"]), 2), last,
                 r["attack"]))
   return out
