@@ -195,6 +195,7 @@ def reseed_centers(centers: PyTree, messages: PyTree, assignment: jax.Array,
     idx = jax.random.categorical(key, jnp.where(member, 0.0, -jnp.inf),
                                  shape=(k,))
     weights = jax.nn.one_hot(idx, n, dtype=jnp.float32)
+    new = tree_lib.take(messages, idx)
   elif pick == "worst":
     ranked = jnp.where(member & jnp.isfinite(scores), scores, -jnp.inf)
     ranked = jnp.where(member & ~jnp.isfinite(scores), -jnp.finfo(
@@ -203,17 +204,15 @@ def reseed_centers(centers: PyTree, messages: PyTree, assignment: jax.Array,
     last = jnp.maximum(jnp.sum(member), 1) - 1
     rank = jnp.clip(jnp.cumsum(dead) - 1, 0, last)
     weights = jax.nn.one_hot(order[rank], n, dtype=jnp.float32)
+    new = tree_lib.take(messages, order[rank])
   else:
     half = split_half(messages, member,
                       jax.tree.map(lambda c: c[largest], centers))
     row = half.astype(jnp.float32) / jnp.maximum(jnp.sum(half), 1)
     weights = jnp.broadcast_to(row, (k, n))
-  if pick == "split":
     safe = tree_lib.where(member, messages,
                           jax.tree.map(jnp.zeros_like, messages))
     new = tree_lib.combine(weights, safe)
-  else:
-    new = tree_lib.take(messages, jnp.argmax(weights, axis=1))
   return tree_lib.where(dead, new, centers), dead, weights
 
 
