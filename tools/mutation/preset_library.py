@@ -117,6 +117,7 @@ ALGORITHMS = [
          "tests/test_myopic_clustering.py"),
     _alg("momentum_clustering.py", _ALG_EDGES,
          "tests/test_momentum_clustering.py"),
+    _alg("mc_reseed.py", _ALG_EDGES, "tests/test_momentum_clustering.py"),
     _alg("fc_groups.py", "tests/test_fc_groups.py"),
     _alg("fc_defence.py", "tests/test_fc_defence.py"),
     Edit((_ALG + "momentum_clustering.py",), "momentum_clustering",
