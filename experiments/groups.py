@@ -116,6 +116,13 @@ class Clustering(Thresholding, Radius):
       "16 at N = 300)", low=1)
   fc_local_steps: int = option(
       0, "FC's plain local steps between clustering rounds", low=0)
+  aware_quantile: Optional[float] = option(
+      None, "fc_aware: radius quantile once the groups are cluster-aware "
+      "(from round 10; auto: quantile in every round)", low=0, high=1,
+      low_open=True)
+  aware_random_share: float = option(
+      0.25, "fc_aware: share of every group's slots filled with uniformly "
+      "random clients", low=0, high=1)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -259,8 +259,11 @@ def _fc(ctx, s):
   defence = FC_DEFENCES[s.get("fc_defence", "none")]
   radius = (prfl.quantile_radius(s.quantile) if ctx.radius is None
             else ctx.radius)
-  grouping = (prfl.algorithms.fc_groups.cluster_aware()
-              if s.get("fc_grouping") == "cluster_aware" else None)
+  grouping = None
+  if s.get("fc_grouping") == "cluster_aware":
+    grouping = prfl.algorithms.fc_groups.cluster_aware(
+        quantile=s.get("aware_quantile"),
+        random_share=s.get("aware_random_share"))
   return prfl.algorithms.federated_clustering(
       ctx.loss_fn, optimizer(s), radius=radius,
       num_iters=s.num_iters, num_groups=s.groups or 1,
@@ -276,7 +279,8 @@ register("fc_ball_cap", "FC + cap_duplicates + ball cap", reads=_FC,
          fc_defence="ball_cap")(_fc)
 # Beyond the paper: each round's groups formed from the models, with a
 # random share kept (`prfl_jax.algorithms.fc_groups.cluster_aware`).
-register("fc_aware", "FC, cluster-aware groups", reads=_FC,
+register("fc_aware", "FC, cluster-aware groups",
+         reads=_FC + ("aware_quantile", "aware_random_share"),
          fc_grouping="cluster_aware")(_fc)
 
 

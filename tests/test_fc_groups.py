@@ -168,25 +168,47 @@ def test_attacker_between_the_clusters_reaches_fewer_groups():
 
 def test_federated_clustering_with_cluster_aware_groups_runs_jitted():
   """Two clusters of quadratic clients; after the first (uniform) round the
-  groups follow the models, and every client still steps once per round."""
+  groups follow the models, and every client still steps once per round.
+
+  From round 1 on the aware `quantile=1.0` ball takes the whole group
+  (ball fraction 1), which leads every client near its target only if its
+  group is its cluster (targets spread by 0.1 inside a cluster, so a
+  0.5-quantile ball holds about half of a group); the uniform round 0 keeps
+  FC's 0.5-quantile ball. Seen to fail with the radius switch taken out of
+  `clustered_update` (0.5 from round 1 on) and with `<` turned into `<=` in
+  `ClusterAware.radius` (0.5 in round 1).
+  """
   n = 12
-  targets = jnp.where(jnp.arange(n) < 6, -5.0, 5.0)[:, None]
+  i = jnp.arange(n)
+  targets = (jnp.where(i < 6, -5.0, 5.0) + 0.1 * (i % 6 - 2.5))[:, None]
   loss = lambda x, b: 0.5 * jnp.mean((x[0] - b) ** 2)
   alg = prfl.algorithms.federated_clustering(
       loss, optax.sgd(0.5), radius=prfl.quantile_radius(0.5), num_iters=5,
       num_groups=2, grouping=fc_groups.cluster_aware(
-          start_round=1, random_share=0.0, sketch_dim=1))
+          start_round=1, random_share=0.0, sketch_dim=1, quantile=1.0))
   state = alg.init(jnp.zeros((n, 1)))
   step = jax.jit(alg.step)
+  fractions = []
   for r in range(6):
-    state, _ = step(state, targets, jax.random.key(r))
+    state, metrics = step(state, targets, jax.random.key(r))
+    fractions.append(float(metrics["ball_fraction"]))
   np.testing.assert_allclose(state.params[:, 0], targets[:, 0], atol=0.5)
+  assert fractions[0] < 0.8
+  assert fractions[1:] == [1.0] * 5
+
+
+def test_aware_quantile_needs_a_quantile_radius():
+  with pytest.raises(ValueError, match="quantile_radius"):
+    prfl.algorithms.federated_clustering(
+        lambda x, b: jnp.sum(x), optax.sgd(0.1), radius=1.0,
+        grouping=fc_groups.cluster_aware(quantile=0.5))
 
 
 @pytest.mark.parametrize("kwargs", [{"start_round": -1},
                                     {"random_share": 1.5},
                                     {"random_share": True},
-                                    {"sketch_dim": 0}])
+                                    {"sketch_dim": 0}, {"quantile": 0.0},
+                                    {"quantile": 1.5}, {"quantile": True}])
 def test_bad_arguments(kwargs):
   with pytest.raises(ValueError, match=list(kwargs)[0]):
     fc_groups.cluster_aware(**kwargs)
@@ -204,7 +226,8 @@ def test_registry_fc_aware_passes_the_cluster_aware_rule(monkeypatch):
   `fc` keeps uniform groups (grouping None).
 
   Seen to fail when `fc_aware` was registered without its `fc_grouping`
-  default (both built uniform groups).
+  default (both built uniform groups), and with `aware_quantile` or
+  `aware_random_share` not passed on to `cluster_aware`.
   """
   from experiments import groups as option_groups
   from experiments import registry
@@ -216,3 +239,7 @@ def test_registry_fc_aware_passes_the_cluster_aware_rule(monkeypatch):
   for name in ("fc_aware", "fc"):
     registry.build(name, ctx, registry.settings(option_groups.Optim(), name))
   assert isinstance(seen[0], fc_groups.ClusterAware) and seen[1] is None
+  assert seen[0] == fc_groups.cluster_aware()  # The library's defaults.
+  registry.build("fc_aware", ctx, registry.settings(option_groups.Clustering(
+      aware_quantile=0.45, aware_random_share=0.1), "fc_aware"))
+  assert (seen[2].quantile, seen[2].random_share) == (0.45, 0.1)

@@ -21,6 +21,10 @@ at the same cost (beyond the paper):
   with the wrong cluster still meets clients of its own cluster, and every
   client keeps being re-checked against random others (the paper's guarantee
   rests on every client being clustered among all of them).
+* optionally (`quantile`), a larger radius quantile from `start_round` on:
+  an aware group holds more of its members' cluster, so a ball can take a
+  larger share of it and stay pure, while the uniform rounds before keep
+  FC's radius (their groups hold only about S / K of a cluster).
 
 Byzantine clients control their own models, hence where the chain places
 them: they can gather in the groups of the cluster they imitate (up to all
@@ -32,12 +36,13 @@ both against uniform groups).
 """
 
 import math
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 from jax import lax
 import jax.numpy as jnp
 
+from prfl_jax import clustering
 from prfl_jax import tree as tree_lib
 from prfl_jax import validation
 
@@ -113,6 +118,23 @@ class ClusterAware(NamedTuple):
   start_round: int
   random_share: float
   sketch_dim: int
+  quantile: Optional[float] = None
+
+  def radius(self, radius, round_index: jax.Array):
+    """FC's radius in round `round_index`: `radius` before `start_round`,
+    the `quantile` radius from then on (`radius` throughout if None).
+
+    Raises:
+      ValueError: with a `quantile` and a `radius` other than a
+        `clustering.QuantileRadius`.
+    """
+    if self.quantile is None:
+      return radius
+    if not isinstance(radius, clustering.QuantileRadius):
+      raise ValueError("`cluster_aware(quantile=...)` needs FC's radius to be "
+                       f"a quantile_radius, got {radius!r}.")
+    return clustering.QuantileRadius(jnp.where(
+        round_index < self.start_round, radius.q, self.quantile))
 
   def random_slots(self, num_clients: int, num_groups: int) -> int:
     """Slots per group filled uniformly at random (static)."""
@@ -163,7 +185,8 @@ class ClusterAware(NamedTuple):
 
 
 def cluster_aware(*, start_round: int = 10, random_share: float = 0.25,
-                  sketch_dim: int = 32) -> ClusterAware:
+                  sketch_dim: int = 32,
+                  quantile: Optional[float] = None) -> ClusterAware:
   """Cluster-aware groups for `federated_clustering(..., grouping=...)`.
 
   Args:
@@ -172,13 +195,16 @@ def cluster_aware(*, start_round: int = 10, random_share: float = 0.25,
     random_share: fraction of every group's slots (rounded) filled with
       uniformly random clients, in [0, 1]; 1 gives uniform groups.
     sketch_dim: coordinates of the models' random projection.
+    quantile: None (FC's radius in every round) or the radius quantile in
+      (0, 1] of the cluster-aware rounds (from `start_round` on); FC's
+      radius must then be a `quantile_radius`, kept before `start_round`.
 
   Returns:
     a `ClusterAware` rule.
 
   Raises:
     ValueError: on a negative `start_round`, a `random_share` outside
-      [0, 1] or a `sketch_dim` < 1.
+      [0, 1], a `sketch_dim` < 1 or a `quantile` outside (0, 1].
   """
   validation.check_positive_int(start_round, "start_round", minimum=0)
   validation.check_positive_int(sketch_dim, "sketch_dim")
@@ -187,4 +213,10 @@ def cluster_aware(*, start_round: int = 10, random_share: float = 0.25,
       not 0.0 <= random_share <= 1.0):
     raise ValueError(
         f"`random_share` must be a number in [0, 1], got {random_share!r}.")
-  return ClusterAware(start_round, float(random_share), sketch_dim)
+  if quantile is not None and (
+      isinstance(quantile, bool) or not isinstance(quantile, (int, float)) or
+      not 0.0 < quantile <= 1.0):
+    raise ValueError(
+        f"`quantile` must be None or a number in (0, 1], got {quantile!r}.")
+  quantile = None if quantile is None else float(quantile)
+  return ClusterAware(start_round, float(random_share), sketch_dim, quantile)

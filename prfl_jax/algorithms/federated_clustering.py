@@ -171,6 +171,8 @@ def clustered_update(loss_fn, optimizer: optax.GradientTransformation,
   group_key, attack_key = jax.random.split(key)
   groups = (random_groups(group_key, n, num_groups) if grouping is None else
             grouping(group_key, params, num_groups, round_index))
+  if getattr(grouping, "radius", None) is not None:  # This round's radius.
+    radius = grouping.radius(radius, round_index)
   size = groups.index.shape[1]
   group_shape = lambda t: jax.tree.map(lambda x: jax.ShapeDtypeStruct(
       (size,) + x.shape[1:], x.dtype), t)
@@ -301,6 +303,8 @@ def federated_clustering(loss_fn, optimizer: optax.GradientTransformation, *,
   if grouping is not None and not callable(grouping):
     raise TypeError(f"`grouping` must be None or a rule such as "
                     f"fc_groups.cluster_aware(), got {type(grouping)}.")
+  if getattr(grouping, "radius", None) is not None:
+    grouping.radius(radius, 0)  # Raises on a radius it cannot change.
   truth = diagnostics.check_true_clusters(true_clusters)
 
   def init(params, *, byzantine=None) -> FederatedClusteringState:
