@@ -168,6 +168,23 @@ COMMITTED = {
         "mnist", "digits", ["--tasks", "private_label", "--algorithms",
                             "fc_aware", "--per-algorithm",
                             "fc_aware.quantile=0.5"] + _MC_WARMUP_10),
+    # Session 13: larger radii for the cluster-aware rounds, 100 rounds.
+    **{f"mnist/fashion_{task}_fc_aware_{name}": (
+        "mnist", "paper", ["--tasks", task, "--algorithms", "fc_aware",
+                           "--rounds", "100", "--eval-every", "5"] + [
+                               a for f in flags for a in ("--per-algorithm",
+                                                          f"fc_aware.{f}")])
+       for task, name, flags in (
+           ("rotation", "q05", ["quantile=0.5"]),
+           ("rotation", "late_q035", ["aware_quantile=0.35"]),
+           ("rotation", "late_q035_random01",
+            ["aware_quantile=0.35", "aware_random_share=0.1"]),
+           ("private_label", "late_q035_random01",
+            ["aware_quantile=0.35", "aware_random_share=0.1"]))},
+    "mnist/fashion_private_label_fc_groups16": (
+        "mnist", "paper", ["--tasks", "private_label", "--algorithms",
+                           "fc,oracle", "--rounds", "100", "--eval-every",
+                           "5"]),
     "byzantine/digits_grid": ("byzantine", "digits_grid", []),
     "byzantine/digits_fc_groups": ("byzantine", "fc_groups", []),
     "byzantine/digits_figure6": ("byzantine", "digits_figure6", []),
