@@ -108,6 +108,24 @@ def test_groups_follow_the_clusters():
   assert np.mean(uniform) < 0.35
 
 
+def test_mix_groups_shuffles_partners_within_a_block():
+  """4 clusters of 6 in 4 groups, no random share (unmixed, the groups are
+  the clusters: test_groups_follow_the_clusters): with mix_groups=2 the
+  groups 0-1 (and 2-3) hold two whole clusters between them, each group a
+  random part of both. Seen to fail with the shuffle taken over the whole
+  chain (blocks of all groups) and with it dropped."""
+  params, clusters = clustered_models(jax.random.key(0), 4, 6)
+  group = jax.jit(lambda key: fc_groups.cluster_aware(
+      start_round=0, random_share=0.0, mix_groups=2)(
+          key, params, 4, jnp.int32(1)))
+  for seed in range(3):
+    mixed = members(group(jax.random.key(seed)))
+    for pair in (mixed[:2], mixed[2:]):
+      both = np.bincount(clusters[pair[0] + pair[1]], minlength=4)
+      assert sorted(both.tolist()) == [0, 0, 6, 6]
+    assert all(len(set(clusters[m].tolist())) == 2 for m in mixed)
+
+
 def test_nearest_neighbour_chain_by_hand():
   """Points 0, 10, 1, 11 on a line: 0 -> 1 -> 10 -> 11."""
   x = jnp.array([0.0, 10.0, 1.0, 11.0])
@@ -207,7 +225,8 @@ def test_aware_quantile_needs_a_quantile_radius():
 @pytest.mark.parametrize("kwargs", [{"start_round": -1},
                                     {"random_share": 1.5},
                                     {"random_share": True},
-                                    {"sketch_dim": 0}, {"quantile": 0.0},
+                                    {"sketch_dim": 0}, {"mix_groups": 0},
+                                    {"quantile": 0.0},
                                     {"quantile": 1.5}, {"quantile": True}])
 def test_bad_arguments(kwargs):
   with pytest.raises(ValueError, match=list(kwargs)[0]):

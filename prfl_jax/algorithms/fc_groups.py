@@ -25,6 +25,10 @@ at the same cost (beyond the paper):
   an aware group holds more of its members' cluster, so a ball can take a
   larger share of it and stay pure, while the uniform rounds before keep
   FC's radius (their groups hold only about S / K of a cluster).
+* optionally (`mix_groups`), the chain is shuffled within blocks of a few
+  groups, so that a client meets other clients of its block (of its
+  cluster, with blocks of a cluster's size) every round instead of the same
+  nearest neighbours.
 
 Byzantine clients control their own models, hence where the chain places
 them: they can gather in the groups of the cluster they imitate (up to all
@@ -119,6 +123,7 @@ class ClusterAware(NamedTuple):
   random_share: float
   sketch_dim: int
   quantile: Optional[float] = None
+  mix_groups: int = 1
 
   def radius(self, radius, round_index: jax.Array):
     """FC's radius in round `round_index`: `radius` before `start_round`,
@@ -170,6 +175,10 @@ class ClusterAware(NamedTuple):
       sq = jnp.sum(jnp.square(s[:, None] - s[None]), axis=-1)
       chain = chain_clients[nearest_neighbour_chain(sq)]
       sim = size - r  # Similarity slots per group.
+      if self.mix_groups > 1:  # Shuffle within blocks of mix_groups groups.
+        block = jnp.arange(n - m) // (self.mix_groups * sim)
+        u = jax.random.uniform(jax.random.fold_in(sketch_key, 1), (n - m,))
+        chain = chain[jnp.argsort(block + u)]
       ci, ri = g * sim + o, g * r + o - sim
       from_chain = o < sim
       valid = jnp.where(from_chain, ci < n - m, ri < m)
@@ -186,7 +195,8 @@ class ClusterAware(NamedTuple):
 
 def cluster_aware(*, start_round: int = 10, random_share: float = 0.25,
                   sketch_dim: int = 32,
-                  quantile: Optional[float] = None) -> ClusterAware:
+                  quantile: Optional[float] = None,
+                  mix_groups: int = 1) -> ClusterAware:
   """Cluster-aware groups for `federated_clustering(..., grouping=...)`.
 
   Args:
@@ -198,16 +208,22 @@ def cluster_aware(*, start_round: int = 10, random_share: float = 0.25,
     quantile: None (FC's radius in every round) or the radius quantile in
       (0, 1] of the cluster-aware rounds (from `start_round` on); FC's
       radius must then be a `quantile_radius`, kept before `start_round`.
+    mix_groups: the chain's order is shuffled at random within blocks of
+      this many groups' similarity slots (1: not shuffled), so that a client
+      keeps to its block of similar models (about a cluster with blocks of
+      a cluster's size) but meets other partners of it every round.
 
   Returns:
     a `ClusterAware` rule.
 
   Raises:
     ValueError: on a negative `start_round`, a `random_share` outside
-      [0, 1], a `sketch_dim` < 1 or a `quantile` outside (0, 1].
+      [0, 1], a `sketch_dim` or `mix_groups` < 1 or a `quantile` outside
+      (0, 1].
   """
   validation.check_positive_int(start_round, "start_round", minimum=0)
   validation.check_positive_int(sketch_dim, "sketch_dim")
+  validation.check_positive_int(mix_groups, "mix_groups")
   if (isinstance(random_share, bool) or
       not isinstance(random_share, (int, float)) or
       not 0.0 <= random_share <= 1.0):
@@ -219,4 +235,5 @@ def cluster_aware(*, start_round: int = 10, random_share: float = 0.25,
     raise ValueError(
         f"`quantile` must be None or a number in (0, 1], got {quantile!r}.")
   quantile = None if quantile is None else float(quantile)
-  return ClusterAware(start_round, float(random_share), sketch_dim, quantile)
+  return ClusterAware(start_round, float(random_share), sketch_dim, quantile,
+                      mix_groups)
