@@ -180,7 +180,8 @@ COMMITTED = {
            ("rotation", "late_q035_random01",
             ["aware_quantile=0.35", "aware_random_share=0.1"]),
            ("private_label", "late_q035_random01",
-            ["aware_quantile=0.35", "aware_random_share=0.1"]))},
+            ["aware_quantile=0.35", "aware_random_share=0.1"]),
+           ("private_label", "default", []))},
     "mnist/fashion_private_label_fc_groups16": (
         "mnist", "paper", ["--tasks", "private_label", "--algorithms",
                            "fc,oracle", "--rounds", "100", "--eval-every",
