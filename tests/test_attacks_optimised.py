@@ -226,6 +226,33 @@ def test_spread_edge_keeps_the_distance_and_unties_the_points():
   np.testing.assert_array_equal(w, np.ones(F))
 
 
+def test_spread_edge_keeps_the_distance_in_two_dimensions():
+  """In two dimensions the part of a random direction orthogonal to a row's
+  unit vector has the norm of one standard normal draw, below 1 two times
+  in three: `_tilt` must still scale it to length 1, so every Byzantine
+  row sits exactly as far from its estimate as `threshold_edge`'s. Seen to
+  fail when that norm is floored at 1 instead of 1e-30 (session 13's
+  sampled survivor attacks #91: those rows fall short of the edge; the
+  test above has five dimensions, where the norm is about 2)."""
+  rng = np.random.default_rng(8)
+  msgs = jnp.asarray(rng.normal(size=(N, 2)) + 1.0, jnp.float32)
+  radius = prfl.quantile_radius(0.3)
+
+  @jax.jit
+  def both(m):
+    tied = attacks.threshold_edge(radius)(m, BYZ, jax.random.key(0))
+    spread = attacks.spread_edge(radius, angle=0.6)(m, BYZ, jax.random.key(1))
+    est = prfl.threshold_clustering(m, m, radius=radius,
+                                    weights=(~BYZ).astype(jnp.float32))
+    return tied, spread, est
+
+  tied, spread, est = map(np.asarray, both(msgs))
+  byz = np.asarray(BYZ)
+  np.testing.assert_allclose(np.linalg.norm(spread - est, axis=1)[byz],
+                             np.linalg.norm(tied - est, axis=1)[byz],
+                             rtol=1e-4)
+
+
 def test_threshold_objective_is_zero_without_an_attack():
   msgs = _messages(6)
   objective = attacks.threshold_objective(prfl.quantile_radius(0.3), 5)

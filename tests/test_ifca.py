@@ -23,6 +23,11 @@ def assignment(models):
 
 
 def test_option1_two_rounds_match_numpy():
+  """Two rounds of Option I against NumPy, and the state's round count
+  (checkpoints are saved under it and `train` resumes from it). Seen to
+  fail when a step counts two rounds (session 13's sampled survivor
+  algorithms #165, `round=state.round + 1` -> `+ 2`: round 2 after one
+  step; no test read IFCA's round)."""
   gamma = 0.1
   alg = ifca(quadratic, optax.sgd(gamma), num_clusters=3, option=1,
              init_models=jnp.asarray(MODELS))
@@ -40,6 +45,7 @@ def test_option1_two_rounds_match_numpy():
     np.testing.assert_array_equal(state.assignment, a)
     np.testing.assert_allclose(state.params, models[a], rtol=1e-6)
     assert metrics["num_clusters"] == len(set(a.tolist()))
+    assert int(state.round) == r + 1
   assert state.models[2] == 100.0  # Empty cluster kept its model.
 
 

@@ -290,6 +290,18 @@ def test_signguard_keeps_rows_at_exactly_the_norm_bounds():
       rtol=1e-6)
 
 
+def test_signguard_drops_a_present_row_below_the_lower_norm_bound():
+  """Norms 0.05, 1, 1, 1 along one axis (the same signs): M = 1, so with the
+  default `low=0.1` the first row fails the norm filter and the mean is
+  (1, 0). Seen to fail when a present row passes the lower bound whatever
+  its norm (session 13's sampled survivor aggregators #364, `present &
+  (ratio >= low)` -> `present | (ratio >= low)`: 0.7625, every row kept;
+  the other tests' rows are never below the bound)."""
+  x = jnp.array([[0.05, 0.0], [1.0, 0.0], [1.0, 0.0], [1.0, 0.0]])
+  np.testing.assert_allclose(jax.jit(aggregators.signguard())(x), [1.0, 0.0],
+                             rtol=1e-6)
+
+
 def test_signguard_draws_coord_frac_of_the_coordinates(monkeypatch):
   """With `coord_frac` < 1 the sign statistics use `int(coord_frac * d)`
   random coordinates, at least one: 4 of 8 at 0.5, 1 of 8 at 0.1 (the
