@@ -35,6 +35,19 @@ def test_cosine_similarity_of_short_vectors():
       [[1, 0, r, 0], [0, 1, r, 0], [r, r, 1, 0], [0, 0, 0, 0]], atol=1e-6)
 
 
+def test_segment_mean_divides_by_a_total_weight_below_one():
+  """Weights 0.25, 0.25 on 2 and 4 (segment 0) and 0.5 on 6 (segment 1):
+  totals 0.5 each, means 3 and 6. Seen to fail when only totals above 1
+  divide (session 13's sampled survivor algorithms #49, `where(t > 0, t,
+  1)` -> `t > 1`: 1.5 and 3); the library's callers pass 0/1 weights,
+  whose non-empty totals are at least 1."""
+  means, totals = jax.jit(cluster_models.segment_mean, static_argnums=2)(
+      jnp.array([2.0, 4.0, 6.0]), jnp.array([0, 0, 1]), 2,
+      jnp.array([0.25, 0.25, 0.5]))
+  np.testing.assert_allclose(means, [3.0, 6.0], rtol=1e-6)
+  np.testing.assert_allclose(totals, [0.5, 0.5], rtol=1e-6)
+
+
 def test_dead_centres_coincide_within_rtol_of_the_larger_norm():
   """Centres at (100, 0) and (100.05, 0) are 0.05 apart, within rtol = 1e-3
   of their norm (0.1): the higher one is dead; (0, 50) and (0, 50.1) are
