@@ -98,6 +98,20 @@ def test_ditto_global_part_steps_with_the_global_optimizer():
   np.testing.assert_allclose(state.global_params, 3.0, rtol=1e-6)
 
 
+def test_ifca_steps_a_cluster_of_one_client():
+  """Option I, SGD 0.1, models 0 and 10, targets 0, 1 (model 0) and 9
+  (model 10, alone): model 0 moves to 0.05, model 10 to 9.9, and both
+  clusters count. Seen to fail when a cluster needs two clients to count
+  as non-empty (session 13's sampled survivor algorithms #160, `sizes > 0`
+  -> `sizes > 1`: model 10 kept, one cluster)."""
+  alg = ifca(quadratic, optax.sgd(0.1), num_clusters=2, option=1,
+             init_models=jnp.array([0.0, 10.0]))
+  state, metrics = jax.jit(alg.step)(alg.init(jnp.zeros(3)),
+                                     jnp.array([[0.0], [1.0], [9.0]]), KEY)
+  np.testing.assert_allclose(state.models, [0.05, 9.9], rtol=1e-6)
+  assert metrics["num_clusters"] == 2
+
+
 def test_ifca_keeps_an_empty_clusters_optimizer_state():
   """Option I with momentum: round 1 both clusters have members (targets
   0, 1 pick model 0, targets 5, 9 model 4); round 2 every target is -10,
