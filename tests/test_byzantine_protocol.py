@@ -4,7 +4,8 @@ Mutations seen to fail these tests: the worst case taken over the attacks
 alone (the attack-free run not one of the attacker's choices), a second
 measurement of a row within one run file silently kept, runs of different
 lengths merged into one cell, the README block left unrewritten, a drop taken
-against another run's attack-free accuracy.
+against another run's attack-free accuracy, a heterogeneity level's worst
+case taken from another level's runs.
 """
 
 import json
@@ -14,11 +15,12 @@ import pytest
 from experiments.byzantine import protocol
 
 
-def _run(root, name, dataset, rows, file="grid.json", rounds=60):
+def _run(root, name, dataset, rows, file="grid.json", rounds=60,
+         heterogeneity="private_label"):
   d = root / name
   d.mkdir()
   (d / "config.json").write_text(json.dumps({"config": {
-      "dataset": dataset, "heterogeneity": "private_label",
+      "dataset": dataset, "heterogeneity": heterogeneity,
       "rounds": rounds}}))
   (d / file).write_text(json.dumps({"rows": [
       {"fraction": 0.2, "attack": a, "method": m, "accuracy": acc}
@@ -84,3 +86,30 @@ def test_each_drop_is_taken_against_its_own_runs_attack_free_run(tmp_path):
   assert s["drop_last3"] == pytest.approx(4.0)
   text = protocol.markdown(protocol.load_rows(str(tmp_path)), [s])
   assert "| 80.0 / 84.0 | 78.0 (ALIE) | 4.0 (IPM (eps 0.1)) | 4.0 |" in text
+
+
+def test_worst_cases_side_by_side_across_heterogeneity_levels(tmp_path):
+  """One row per method, one column per level, in HETEROGENEITY's order
+  (Dirichlet 1 before 10), the worst case over that level's runs; a method
+  with no attack run is marked as an upper bound. Seen to fail with every
+  level given the first level's worst case."""
+  _run(tmp_path, "d10", "digits", [("none", "fc", 0.90), ("ipm", "fc", 0.70),
+                                   ("none", "global_gm", 0.95)],
+       heterogeneity="dirichlet_10")
+  _run(tmp_path, "d1", "digits", [("none", "fc", 0.88), ("alie", "fc", 0.86),
+                                  ("none", "global_gm", 0.93),
+                                  ("alie", "global_gm", 0.40)],
+       heterogeneity="dirichlet_1")
+  _run(tmp_path, "pl", "digits", [("none", "fc", 0.89)])
+  protocol.write(str(tmp_path))
+  text = (tmp_path / "table.md").read_text()
+  assert ("| method | private_label | dirichlet_1 | dirichlet_10 |\n"
+          "|---|---:|---:|---:|\n"
+          "| FC (ours) | <= 89.0 | 86.0 | 70.0 |\n"
+          "| Global + geometric median | - | 40.0 | <= 95.0 |") in text
+  png = tmp_path / "worst_case_heterogeneity.png"
+  assert png.read_bytes()[:4] == b"\x89PNG"
+  # One level only: no such view.
+  one = [r for r in protocol.load_rows(str(tmp_path))
+         if r["heterogeneity"] == "dirichlet_1"]
+  assert protocol.by_heterogeneity(protocol.summarise(one)) == []

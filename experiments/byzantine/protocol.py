@@ -12,6 +12,10 @@ into the results directory:
                 run's accuracy, attacks x methods.
   summary.json  the same numbers.
   heatmap.png   methods x attacks, one panel per cell.
+  worst_case_heterogeneity.png
+                methods x heterogeneity levels, the worst case of each,
+                one panel per data set, Byzantine fraction and length
+                (also a table in table.md).
 
 and rewrites the `<!-- begin: protocol -->` block of its README.md with
 table.md. A method measured without any attack is listed with its
@@ -176,6 +180,55 @@ def _pcts(values) -> str:
   return " / ".join(seen) or "-"
 
 
+def _levels(summary: list) -> list:
+  """Heterogeneity levels present, in config.HETEROGENEITY's order."""
+  return [h for h in config.HETEROGENEITY
+          if any(s["heterogeneity"] == h for s in summary)]
+
+
+def _panels(summary: list) -> list:
+  """(dataset, fraction, rounds) of the summary with more than one
+  heterogeneity level: the panels of the by-heterogeneity view."""
+  keys = sorted({(s["dataset"], s["fraction"], s["rounds"]) for s in summary})
+  return [k for k in keys if len({s["heterogeneity"] for s in summary
+                                  if (s["dataset"], s["fraction"],
+                                      s["rounds"]) == k}) > 1]
+
+
+def _panel(summary: list, key: tuple) -> tuple:
+  """(levels, methods, worst-case accuracies [methods, levels] with NaN
+  where not measured, upper-bound mask) of one panel."""
+  here = [s for s in summary
+          if (s["dataset"], s["fraction"], s["rounds"]) == key]
+  levels = _levels(here)
+  methods = sorted({s["method"] for s in here})
+  worst = np.full((len(methods), len(levels)), np.nan)
+  bound = np.zeros(worst.shape, bool)
+  for s in here:
+    i, j = methods.index(s["method"]), levels.index(s["heterogeneity"])
+    worst[i, j] = 100 * s["worst"]
+    bound[i, j] = not s["attacks"]
+  return levels, methods, worst, bound
+
+
+def by_heterogeneity(summary: list) -> list:
+  """Markdown lines: per data set, fraction and length measured at several
+  heterogeneity levels, every method's worst case at each level (<=: no
+  attack run, the attack-free accuracy bounds it)."""
+  lines = []
+  for key in _panels(summary):
+    levels, methods, worst, bound = _panel(summary, key)
+    lines += ["", f"Worst case by heterogeneity: {key[0]}, "
+              f"{int(100 * key[1])}% Byzantine, {key[2]} rounds (%):", "",
+              "| method | " + " | ".join(levels) + " |",
+              "|---|" + "---:|" * len(levels)]
+    for i, m in enumerate(methods):
+      cells_ = ["-" if np.isnan(w) else ("<= " if b else "") + f"{w:.1f}"
+                for w, b in zip(worst[i], bound[i])]
+      lines.append(f"| {registry.label(m)} | " + " | ".join(cells_) + " |")
+  return lines
+
+
 def markdown(rows: list, summary: list) -> str:
   lines = ["Worst case per method (benign mean test accuracy, %; the "
            "attack-free run counts as one of the attacker's choices). "
@@ -200,6 +253,7 @@ def markdown(rows: list, summary: list) -> str:
         f"{registry.label(s['method'])} | "
         f"{_pcts(s['attack_free_runs'])} | {worst} | {drop} | {last} | "
         f"{len(s['attacks'])} |")
+  lines += by_heterogeneity(summary)
   for cell in cells(rows):
     here = {}
     for r in rows:
@@ -260,8 +314,46 @@ def plot(rows: list, path: str):
   plt.close(fig)
 
 
+def plot_heterogeneity(summary: list, path: str) -> bool:
+  """Methods x heterogeneity levels (worst case), one panel per data set,
+  fraction and length measured at several levels; False (nothing written)
+  when there is no such panel."""
+  keys = _panels(summary)
+  if not keys:
+    return False
+  plt = files.pyplot()
+  panels = [_panel(summary, k) for k in keys]
+  fig, axes = plt.subplots(1, len(keys), squeeze=False,
+                           constrained_layout=True,
+                           figsize=(2.2 * sum(len(p[0]) for p in panels) + 3,
+                                    0.35 * max(len(p[1]) for p in panels)
+                                    + 2))
+  image = None
+  for ax, key, (levels, methods, worst, bound) in zip(axes[0], keys, panels):
+    image = ax.imshow(worst, vmin=0, vmax=100, cmap="viridis", aspect="auto")
+    for i in range(len(methods)):
+      for j in range(len(levels)):
+        if not np.isnan(worst[i, j]):
+          ax.text(j, i, ("<=" if bound[i, j] else "") + f"{worst[i, j]:.0f}",
+                  ha="center", va="center", fontsize=8,
+                  color="white" if worst[i, j] < 50 else "black")
+    ax.set_yticks(range(len(methods)))
+    ax.set_yticklabels([registry.label(m) for m in methods], fontsize=7)
+    ax.set_xticks(range(len(levels)))
+    ax.set_xticklabels(levels, rotation=20, ha="right", fontsize=8)
+    ax.set_title(f"{key[0]}, {int(100 * key[1])}% Byzantine, {key[2]} "
+                 "rounds: worst case\nover attacks (<=: attack-free only)",
+                 fontsize=9)
+  fig.colorbar(image, ax=axes[0].tolist(), fraction=0.03,
+               label="worst-case benign accuracy (%)")
+  files.save_figure(fig, path)
+  plt.close(fig)
+  return True
+
+
 def write(results: str, also: tuple = ()):
-  """Writes table.md, summary.json, heatmap.png and the README block."""
+  """Writes table.md, summary.json, heatmap.png (and
+  worst_case_heterogeneity.png) and the README block."""
   rows = load_rows(results, also)
   summary = summarise(rows)
   text = markdown(rows, summary)
@@ -269,6 +361,8 @@ def write(results: str, also: tuple = ()):
   files.write_json(os.path.join(results, "summary.json"),
                    {"summary": summary})
   plot(rows, os.path.join(results, "heatmap.png"))
+  plot_heterogeneity(summary,
+                     os.path.join(results, "worst_case_heterogeneity.png"))
   readme = os.path.join(results, "README.md")
   if os.path.exists(readme):
     with open(readme) as f:
