@@ -113,3 +113,25 @@ def test_worst_cases_side_by_side_across_heterogeneity_levels(tmp_path):
   one = [r for r in protocol.load_rows(str(tmp_path))
          if r["heterogeneity"] == "dirichlet_1"]
   assert protocol.by_heterogeneity(protocol.summarise(one)) == []
+
+
+def test_a_method_run_at_two_radius_quantiles_is_two_methods(tmp_path):
+  """FC at quantile 0.15 (worst 81.0) and 0.3 (worst 86.0) in one cell are
+  two rows, each with its own worst case; a baseline run at one quantile
+  keeps its plain name. Seen to fail with the split removed (one FC row,
+  worst 81.0 from the 0.15 run)."""
+  for name, q, rows in (("q15", 0.15, [("none", "fc", 0.83),
+                                       ("alie", "fc", 0.81),
+                                       ("none", "global_median", 0.88)]),
+                        ("q30", 0.3, [("none", "fc", 0.88),
+                                      ("alie", "fc", 0.86)])):
+    _run(tmp_path, name, "digits", rows)
+    cfg = tmp_path / name / "config.json"
+    saved = json.loads(cfg.read_text())
+    saved["config"]["quantile"] = q
+    cfg.write_text(json.dumps(saved))
+  summary = protocol.summarise(protocol.load_rows(str(tmp_path)))
+  worst = {s["method"]: s["worst"] for s in summary}
+  assert worst == {"fc@0.15": 0.81, "fc@0.3": 0.86, "global_median": 0.88}
+  text = protocol.markdown(protocol.load_rows(str(tmp_path)), summary)
+  assert "| FC (ours), quantile 0.3 | 88.0 | 86.0 (ALIE) |" in text

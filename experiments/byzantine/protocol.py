@@ -79,7 +79,7 @@ def load_rows(results: str, also: tuple = ()) -> list:
     with open(os.path.join(run, name)) as f:
       for r in json.load(f)["rows"]:
         key = (cfg["dataset"], cfg["heterogeneity"], r["fraction"],
-               cfg["rounds"], r["attack"], r["method"])
+               cfg["rounds"], r["attack"], r["method"], cfg.get("quantile"))
         if (key, source) in seen:
           if abs(seen[(key, source)] - r["accuracy"]) > 1e-9:
             raise ValueError(
@@ -93,10 +93,28 @@ def load_rows(results: str, also: tuple = ()) -> list:
           continue
         rows.append({**r, "dataset": cfg["dataset"],
                      "heterogeneity": cfg["heterogeneity"],
-                     "rounds": cfg["rounds"], "source": source})
+                     "rounds": cfg["rounds"], "source": source,
+                     "quantile": cfg.get("quantile")})
   if not rows:
     raise ValueError(f"no grid results under {results}/*/")
-  return rows
+  return _split_by_quantile(rows)
+
+
+def _split_by_quantile(rows: list) -> list:
+  """A method run at several radius quantiles becomes one method per
+  quantile ("fc_ball_cap@0.3"), so that two settings of a hyperparameter
+  are never merged into one worst case."""
+  quantiles = {}
+  for r in rows:
+    quantiles.setdefault(r["method"], set()).add(r["quantile"])
+  return [{**r, "method": f"{r['method']}@{r['quantile']}"}
+          if len(quantiles[r["method"]]) > 1 else r for r in rows]
+
+
+def _label(method: str) -> str:
+  """The registry's label, with the quantile of a split method."""
+  base, _, q = method.partition("@")
+  return registry.label(base) + (f", quantile {q}" if q else "")
 
 
 def _cell(r: dict) -> tuple:
@@ -225,7 +243,7 @@ def by_heterogeneity(summary: list) -> list:
     for i, m in enumerate(methods):
       cells_ = ["-" if np.isnan(w) else ("<= " if b else "") + f"{w:.1f}"
                 for w, b in zip(worst[i], bound[i])]
-      lines.append(f"| {registry.label(m)} | " + " | ".join(cells_) + " |")
+      lines.append(f"| {_label(m)} | " + " | ".join(cells_) + " |")
   return lines
 
 
@@ -250,7 +268,7 @@ def markdown(rows: list, summary: list) -> str:
     lines.append(
         f"| {s['dataset']} | {s['heterogeneity']} | "
         f"{int(100 * s['fraction'])}% | {s['rounds']} | "
-        f"{registry.label(s['method'])} | "
+        f"{_label(s['method'])} | "
         f"{_pcts(s['attack_free_runs'])} | {worst} | {drop} | {last} | "
         f"{len(s['attacks'])} |")
   lines += by_heterogeneity(summary)
@@ -264,7 +282,7 @@ def markdown(rows: list, summary: list) -> str:
                if any((a, m) in here for m in methods)]
     lines += ["", f"{cell[0]}, {cell[1]}, {int(100 * cell[2])}% Byzantine, "
               f"{cell[3]} rounds (every run; - = not run):", "",
-              "| attack | " + " | ".join(registry.label(m) for m in methods)
+              "| attack | " + " | ".join(_label(m) for m in methods)
               + " |", "|---|" + "---:|" * len(methods)]
     for a in attacks:
       lines.append(f"| {config.ATTACK_LABELS[a]} | " + " | ".join(
@@ -302,7 +320,7 @@ def plot(rows: list, path: str):
           ax.text(j, i, f"{grid[i, j]:.0f}", ha="center", va="center",
                   fontsize=7, color="white" if grid[i, j] < 50 else "black")
     ax.set_yticks(range(len(methods)))
-    ax.set_yticklabels([registry.label(m) for m in methods], fontsize=7)
+    ax.set_yticklabels([_label(m) for m in methods], fontsize=7)
     ax.set_xticks(range(len(attacks)))
     ax.set_xticklabels([config.ATTACK_LABELS[a] for a in attacks],
                        rotation=40, ha="right", fontsize=7)
@@ -338,7 +356,7 @@ def plot_heterogeneity(summary: list, path: str) -> bool:
                   ha="center", va="center", fontsize=8,
                   color="white" if worst[i, j] < 50 else "black")
     ax.set_yticks(range(len(methods)))
-    ax.set_yticklabels([registry.label(m) for m in methods], fontsize=7)
+    ax.set_yticklabels([_label(m) for m in methods], fontsize=7)
     ax.set_xticks(range(len(levels)))
     ax.set_xticklabels(levels, rotation=20, ha="right", fontsize=8)
     ax.set_title(f"{key[0]}, {int(100 * key[1])}% Byzantine, {key[2]} "
