@@ -134,6 +134,34 @@ def _reseed_pick_seeds() -> dict:
       for seed in range(10)}
 
 
+_BASELINES = ("global_median,global_trimmed_mean,global_krum,global_gm,"
+              "global_cc,ifca_median")
+
+
+def _dirichlet_runs() -> dict:
+  """Issue 20's heterogeneity grid on digits (session 13): per Dirichlet
+  alpha, FC + defence and the baselines under every attack at 20%, FC at
+  the radius quantile 0.3, and both at 10% / 30% under the worst attacks."""
+  runs = {}
+  d = "byzantine/protocol_dirichlet/digits_"
+  for h in ("dirichlet_0.1", "dirichlet_1", "dirichlet_10"):
+    het = ["--heterogeneity", h]
+    runs[f"{d}{h}_fc"] = ("byzantine", "protocol_dirichlet", het)
+    runs[f"{d}{h}_baselines"] = ("byzantine", "protocol_dirichlet",
+                                 het + ["--algorithms", _BASELINES])
+    runs[f"{d}{h}_fc_q030"] = ("byzantine", "protocol_dirichlet",
+                               het + ["--quantile", "0.3"])
+    runs[f"{d}{h}_fc_10_30pct"] = (
+        "byzantine", "protocol_dirichlet",
+        het + ["--fractions", "0.1,0.3", "--attacks",
+               "min_max,fang_krum,opt_ipm,opt_alie,edge"])
+    runs[f"{d}{h}_baselines_10_30pct"] = (
+        "byzantine", "protocol_dirichlet",
+        het + ["--fractions", "0.1,0.3", "--algorithms", _BASELINES,
+               "--attacks", "min_max,fang_krum,fang_tm,opt_ipm,opt_alie,edge"])
+  return runs
+
+
 # Results directory -> (experiment, preset, flags typed after it).
 COMMITTED = {
     "mnist/digits": ("mnist", "digits", []),
@@ -201,6 +229,7 @@ COMMITTED = {
         "byzantine", "fc_defences",
         ["--algorithms", "fc_dedup", "--attacks",
          "alie_jitter,ipm_jitter,spread_edge"]),
+    **_dirichlet_runs(),
     "byzantine/protocol_20pct/digits_private_label_fc": (
         "byzantine", "fc_defences",
         ["--algorithms", "fc_ball_cap", "--attacks",
