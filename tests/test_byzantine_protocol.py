@@ -12,6 +12,7 @@ import json
 
 import pytest
 
+from experiments.byzantine import levels
 from experiments.byzantine import protocol
 
 
@@ -112,7 +113,7 @@ def test_worst_cases_side_by_side_across_heterogeneity_levels(tmp_path):
   # One level only: no such view.
   one = [r for r in protocol.load_rows(str(tmp_path))
          if r["heterogeneity"] == "dirichlet_1"]
-  assert protocol.by_heterogeneity(protocol.summarise(one)) == []
+  assert levels.by_heterogeneity(protocol.summarise(one)) == []
 
 
 def test_a_method_run_at_two_radius_quantiles_is_two_methods(tmp_path):

@@ -30,6 +30,13 @@ ATTACK_LABELS = {
     "min_max": "Min-Max", "min_sum": "Min-Sum",
     "fang_tm": "Fang (trimmed mean)", "fang_krum": "Fang (Krum)",
     "alie_concentrated": "ALIE, jittered, on one cluster"}
+
+
+def method_label(method: str) -> str:
+  """The registry's label of a grid method; a method the protocol split by
+  radius quantile ("fc_ball_cap@0.3") gets its quantile."""
+  base, _, q = method.partition("@")
+  return registry.label(base) + (f", quantile {q}" if q else "")
 # Line-search evaluations of the optimised ALIE / IPM (ByzFL: 20). Against
 # FC every evaluation clusters at every model, so fewer.
 OPT_EVALS = 8

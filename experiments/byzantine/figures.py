@@ -9,6 +9,23 @@ from experiments.byzantine import config
 from experiments.byzantine.report import accuracy_cell
 
 
+def accuracy_image(ax, grid, rows: list, cols: list, prefix=None,
+                   size: int = 7, rotation: int = 40):
+  """Draws `grid` `[rows, cols]` (accuracy in %, NaN: blank) on `ax` with
+  each measured value, after its `prefix` `[rows, cols]` if given (text
+  and column labels in `size` points), and returns the image."""
+  image = ax.imshow(grid, vmin=0, vmax=100, cmap="viridis", aspect="auto")
+  for i, j in zip(*np.nonzero(~np.isnan(grid))):
+    text = ("" if prefix is None else prefix[i][j]) + f"{grid[i, j]:.0f}"
+    ax.text(j, i, text, ha="center", va="center", fontsize=size,
+            color="white" if grid[i, j] < 50 else "black")
+  ax.set_yticks(range(len(rows)))
+  ax.set_yticklabels(rows, fontsize=7)
+  ax.set_xticks(range(len(cols)))
+  ax.set_xticklabels(cols, rotation=rotation, ha="right", fontsize=size)
+  return image
+
+
 def plot_heatmap(cfg, rows: list, path: str):
   """Methods x attacks, one panel per Byzantine fraction, accuracy in %."""
   plt = files.pyplot()

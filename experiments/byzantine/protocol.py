@@ -15,7 +15,7 @@ into the results directory:
   worst_case_heterogeneity.png
                 methods x heterogeneity levels, the worst case of each,
                 one panel per data set, Byzantine fraction and length
-                (also a table in table.md).
+                (also a table in table.md; `levels`).
 
 and rewrites the `<!-- begin: protocol -->` block of its README.md with
 table.md. A method measured without any attack is listed with its
@@ -45,8 +45,9 @@ import re
 import numpy as np
 
 from experiments import files
-from experiments import registry
 from experiments.byzantine import config
+from experiments.byzantine import figures
+from experiments.byzantine import levels
 
 _BLOCK = re.compile(r"(<!-- begin: protocol -->\n).*?(<!-- end: protocol -->)",
                     re.S)
@@ -109,12 +110,6 @@ def _split_by_quantile(rows: list) -> list:
     quantiles.setdefault(r["method"], set()).add(r["quantile"])
   return [{**r, "method": f"{r['method']}@{r['quantile']}"}
           if len(quantiles[r["method"]]) > 1 else r for r in rows]
-
-
-def _label(method: str) -> str:
-  """The registry's label, with the quantile of a split method."""
-  base, _, q = method.partition("@")
-  return registry.label(base) + (f", quantile {q}" if q else "")
 
 
 def _cell(r: dict) -> tuple:
@@ -198,55 +193,6 @@ def _pcts(values) -> str:
   return " / ".join(seen) or "-"
 
 
-def _levels(summary: list) -> list:
-  """Heterogeneity levels present, in config.HETEROGENEITY's order."""
-  return [h for h in config.HETEROGENEITY
-          if any(s["heterogeneity"] == h for s in summary)]
-
-
-def _panels(summary: list) -> list:
-  """(dataset, fraction, rounds) of the summary with more than one
-  heterogeneity level: the panels of the by-heterogeneity view."""
-  keys = sorted({(s["dataset"], s["fraction"], s["rounds"]) for s in summary})
-  return [k for k in keys if len({s["heterogeneity"] for s in summary
-                                  if (s["dataset"], s["fraction"],
-                                      s["rounds"]) == k}) > 1]
-
-
-def _panel(summary: list, key: tuple) -> tuple:
-  """(levels, methods, worst-case accuracies [methods, levels] with NaN
-  where not measured, upper-bound mask) of one panel."""
-  here = [s for s in summary
-          if (s["dataset"], s["fraction"], s["rounds"]) == key]
-  levels = _levels(here)
-  methods = sorted({s["method"] for s in here})
-  worst = np.full((len(methods), len(levels)), np.nan)
-  bound = np.zeros(worst.shape, bool)
-  for s in here:
-    i, j = methods.index(s["method"]), levels.index(s["heterogeneity"])
-    worst[i, j] = 100 * s["worst"]
-    bound[i, j] = not s["attacks"]
-  return levels, methods, worst, bound
-
-
-def by_heterogeneity(summary: list) -> list:
-  """Markdown lines: per data set, fraction and length measured at several
-  heterogeneity levels, every method's worst case at each level (<=: no
-  attack run, the attack-free accuracy bounds it)."""
-  lines = []
-  for key in _panels(summary):
-    levels, methods, worst, bound = _panel(summary, key)
-    lines += ["", f"Worst case by heterogeneity: {key[0]}, "
-              f"{int(100 * key[1])}% Byzantine, {key[2]} rounds (%):", "",
-              "| method | " + " | ".join(levels) + " |",
-              "|---|" + "---:|" * len(levels)]
-    for i, m in enumerate(methods):
-      cells_ = ["-" if np.isnan(w) else ("<= " if b else "") + f"{w:.1f}"
-                for w, b in zip(worst[i], bound[i])]
-      lines.append(f"| {_label(m)} | " + " | ".join(cells_) + " |")
-  return lines
-
-
 def markdown(rows: list, summary: list) -> str:
   lines = ["Worst case per method (benign mean test accuracy, %; the "
            "attack-free run counts as one of the attacker's choices). "
@@ -268,10 +214,10 @@ def markdown(rows: list, summary: list) -> str:
     lines.append(
         f"| {s['dataset']} | {s['heterogeneity']} | "
         f"{int(100 * s['fraction'])}% | {s['rounds']} | "
-        f"{_label(s['method'])} | "
+        f"{config.method_label(s['method'])} | "
         f"{_pcts(s['attack_free_runs'])} | {worst} | {drop} | {last} | "
         f"{len(s['attacks'])} |")
-  lines += by_heterogeneity(summary)
+  lines += levels.by_heterogeneity(summary)
   for cell in cells(rows):
     here = {}
     for r in rows:
@@ -282,7 +228,7 @@ def markdown(rows: list, summary: list) -> str:
                if any((a, m) in here for m in methods)]
     lines += ["", f"{cell[0]}, {cell[1]}, {int(100 * cell[2])}% Byzantine, "
               f"{cell[3]} rounds (every run; - = not run):", "",
-              "| attack | " + " | ".join(_label(m) for m in methods)
+              "| attack | " + " | ".join(config.method_label(m) for m in methods)
               + " |", "|---|" + "---:|" * len(methods)]
     for a in attacks:
       lines.append(f"| {config.ATTACK_LABELS[a]} | " + " | ".join(
@@ -313,60 +259,14 @@ def plot(rows: list, path: str):
     methods = sorted({m for _, m in here})
     grid = np.array([[100 * here.get((a, m), np.nan) for a in attacks]
                      for m in methods])
-    image = ax.imshow(grid, vmin=0, vmax=100, cmap="viridis", aspect="auto")
-    for i in range(len(methods)):
-      for j in range(len(attacks)):
-        if not np.isnan(grid[i, j]):
-          ax.text(j, i, f"{grid[i, j]:.0f}", ha="center", va="center",
-                  fontsize=7, color="white" if grid[i, j] < 50 else "black")
-    ax.set_yticks(range(len(methods)))
-    ax.set_yticklabels([_label(m) for m in methods], fontsize=7)
-    ax.set_xticks(range(len(attacks)))
-    ax.set_xticklabels([config.ATTACK_LABELS[a] for a in attacks],
-                       rotation=40, ha="right", fontsize=7)
+    image = figures.accuracy_image(ax, grid, [config.method_label(m) for m in methods],
+                   [config.ATTACK_LABELS[a] for a in attacks])
     ax.set_title(f"{cell[0]}, {cell[1]}, {int(100 * cell[2])}% Byzantine, "
                  f"{cell[3]} rounds (blank: not run)", fontsize=9)
   fig.colorbar(image, ax=axes[:, 0].tolist(), fraction=0.03,
                label="benign mean test accuracy (%)")
   files.save_figure(fig, path)
   plt.close(fig)
-
-
-def plot_heterogeneity(summary: list, path: str) -> bool:
-  """Methods x heterogeneity levels (worst case), one panel per data set,
-  fraction and length measured at several levels; False (nothing written)
-  when there is no such panel."""
-  keys = _panels(summary)
-  if not keys:
-    return False
-  plt = files.pyplot()
-  panels = [_panel(summary, k) for k in keys]
-  fig, axes = plt.subplots(1, len(keys), squeeze=False,
-                           constrained_layout=True,
-                           figsize=(2.2 * sum(len(p[0]) for p in panels) + 3,
-                                    0.35 * max(len(p[1]) for p in panels)
-                                    + 2))
-  image = None
-  for ax, key, (levels, methods, worst, bound) in zip(axes[0], keys, panels):
-    image = ax.imshow(worst, vmin=0, vmax=100, cmap="viridis", aspect="auto")
-    for i in range(len(methods)):
-      for j in range(len(levels)):
-        if not np.isnan(worst[i, j]):
-          ax.text(j, i, ("<=" if bound[i, j] else "") + f"{worst[i, j]:.0f}",
-                  ha="center", va="center", fontsize=8,
-                  color="white" if worst[i, j] < 50 else "black")
-    ax.set_yticks(range(len(methods)))
-    ax.set_yticklabels([_label(m) for m in methods], fontsize=7)
-    ax.set_xticks(range(len(levels)))
-    ax.set_xticklabels(levels, rotation=20, ha="right", fontsize=8)
-    ax.set_title(f"{key[0]}, {int(100 * key[1])}% Byzantine, {key[2]} "
-                 "rounds: worst case\nover attacks (<=: attack-free only)",
-                 fontsize=9)
-  fig.colorbar(image, ax=axes[0].tolist(), fraction=0.03,
-               label="worst-case benign accuracy (%)")
-  files.save_figure(fig, path)
-  plt.close(fig)
-  return True
 
 
 def write(results: str, also: tuple = ()):
@@ -379,8 +279,8 @@ def write(results: str, also: tuple = ()):
   files.write_json(os.path.join(results, "summary.json"),
                    {"summary": summary})
   plot(rows, os.path.join(results, "heatmap.png"))
-  plot_heterogeneity(summary,
-                     os.path.join(results, "worst_case_heterogeneity.png"))
+  levels.plot_heterogeneity(
+      summary, os.path.join(results, "worst_case_heterogeneity.png"))
   readme = os.path.join(results, "README.md")
   if os.path.exists(readme):
     with open(readme) as f:
