@@ -57,16 +57,18 @@ run_tests() {
   # Without it, setup.cfg's addopts (-n auto) are dropped: -n needs xdist.
   # -v: each test's outcome is logged as it ends, so a step cut off by its
   # timeout still names its failures (the summary comes only at the end).
-  local workers=(-o "addopts=-v")
+  # setup.cfg's addopts (-q -n auto ...) are replaced: its -q would cancel
+  # -v (session 14's log had no per-test lines) and -n needs xdist.
+  local workers=(-o "addopts=" -m "not slow" -v -rfs --durations=20)
   if python3 -c "import xdist" 2>/dev/null; then
-    workers=(-n "${TEST_WORKERS:-16}" -v)
+    workers+=(-n "${TEST_WORKERS:-16}" --dist worksteal)
   fi
   # A hung test ends alone (pytest-timeout), not the whole step.
   if python3 -c "import pytest_timeout" 2>/dev/null; then
     workers+=(--timeout "${TEST_TIMEOUT_EACH:-150}")
   fi
   env -u JAX_DEFAULT_MATMUL_PRECISION timeout "${TESTS_TIMEOUT:-300}" \
-    python3 -m pytest -p no:cacheprovider "${workers[@]}" -rf \
+    python3 -m pytest -p no:cacheprovider "${workers[@]}" \
     ${TESTS_ARGS:-} 2>&1 | tee "$out/tests_gpu.log" | grep -Ev " (PASSED|SKIPPED) " | tail -80
 }
 
