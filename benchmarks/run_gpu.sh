@@ -4,7 +4,8 @@
 # the steps (default: tests precision models plans cohort; each step has its
 # own timeout, 615 s together: give the tests their own device call, then
 # STEPS="precision models plans cohort" in a second; the whole suite took
-# 185 s on an H200 without tensorboardX and over 215 s with it):
+# 185 s on an H200 without tensorboardX, 232 s with it in session 14; what
+# session 14 left for the next GPU: STEPS="vgg8plans centres", about 420 s):
 #   tests     the whole suite at JAX's default precision (TF32 matmuls on
 #             NVIDIA), on pytest-xdist workers when xdist is installed
 #   precision check_ghost_precision: FC rounds and Gram matrices per kernel
@@ -13,6 +14,12 @@
 #             the fp32 PyTorch loop on CUDA (prfl's Gram kernel without it)
 #   plans     bench_plans: the default ExecutionPlan() against the fastest
 #             candidate plan, per model
+#   vgg8plans bench_plans for VGG-8 alone (N = 32): each of its plans
+#             compiles in 40-46 s on an H200, so the plans step's 70 s never
+#             timed it (sessions 5, 8, 14); 230 s of its own
+#   centres   check_centres_gpu, the CNN at N = 32 with XLA's autotuning
+#             off: is the 1.7e-2 gradient gap (not TF32: session 14) the
+#             autotuned convolution algorithm's?
 #   cohort    bench_cohort: issue 18's time per round and peak RSS vs N
 #             (FedAvg to 10^5 clients, FC to 10^4) with host-streamed data
 #   round     bench_round: one FC round, prfl kernels vs the PyTorch loop
@@ -111,6 +118,20 @@ run_plans() {
     --clients "${PLAN_CLIENTS:-32}" \
     --plans "${PLANS:-1:ghost,4:ghost,16:ghost,full:ghost}" --repeats 5 \
     --out "$out/plans_gpu.json" 2>&1 | tee "$out/plans_gpu.log"
+}
+
+run_vgg8plans() {
+  timeout "${VGG8_PLANS_TIMEOUT:-230}" python3 -m benchmarks.bench_plans \
+    --models vgg8 --clients 32 --plans "${VGG8_PLANS:-16:ghost,full:ghost}" \
+    --repeats 5 --out "$out/plans_vgg8_gpu.json" 2>&1 \
+    | tee "$out/plans_vgg8_gpu.log"
+}
+
+run_centres() {
+  XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_autotune_level=0" \
+    timeout "${CENTRES_TIMEOUT:-190}" python3 -m benchmarks.check_centres_gpu \
+    --clients 32 --out "$out/centres_gpu_n32_autotune0.json" 2>&1 \
+    | grep -v cuda_timer | tee "$out/centres_gpu_n32_autotune0.log"
 }
 
 run_cohort() {
