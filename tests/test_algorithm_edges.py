@@ -10,7 +10,9 @@ import optax
 import prfl_jax as prfl
 from prfl_jax.algorithms import cluster_models
 from prfl_jax.algorithms.ditto import ditto
+from prfl_jax.algorithms.hypcluster import hypcluster
 from prfl_jax.algorithms.ifca import ifca
+from prfl_jax.algorithms.ifca import init_cluster_models
 from prfl_jax.algorithms.knn_per import knn_per_evaluate
 from prfl_jax.algorithms.momentum_clustering import dead_centers
 from prfl_jax.algorithms.myopic_clustering import myopic_clustering
@@ -194,3 +196,41 @@ def test_myopic_default_separation_is_the_radius():
   for seed in range(3):
     _, metrics = step(alg.init(jnp.zeros(3)), batch, jax.random.key(seed))
     assert metrics["num_clusters"] == 2
+
+
+def test_random_init_adds_noise_of_standard_deviation_init_scale():
+  """IFCA's and HypCluster's random init: client 1's params (3; client 0's
+  are NaN) plus init_scale = 0.01 times standard Gaussian noise, 4 x 500
+  draws: the noise's mean is about 0 and its standard deviation about 0.01.
+  Seen to fail with the scale divided by the draw (session 14's sampled
+  survivor algorithms #140, `init_scale * normal` -> `init_scale /
+  normal`: heavy-tailed noise, mean 0.012 and standard deviation 0.33 here
+  against -0.0003 and 0.0100); the existing tests checked only that the
+  init is finite and copies a finite client."""
+  params = jnp.stack([jnp.full(500, jnp.nan), jnp.full(500, 3.0)])
+  models = jax.jit(lambda p: init_cluster_models(p, 4, key=KEY,
+                                                 init_scale=0.01))(params)
+  assert models.shape == (4, 500)
+  noise = np.asarray(models, np.float64) - 3.0
+  assert abs(noise.mean()) < 1e-3
+  np.testing.assert_allclose(noise.std(), 0.01, rtol=0.1)
+
+
+def test_hypcluster_keeps_an_empty_hypothesis():
+  """SGD 0.1 with momentum 0.9, hypotheses 0 and 4: round 1 targets 0, 1
+  pick hypothesis 0 and 5, 9 hypothesis 4 (which moves to 4.3, trace -3);
+  round 2 every target is -10, so hypothesis 1 has no client and must keep
+  4.3 and its trace. Seen to fail when empty hypotheses step too (session
+  14's sampled survivor algorithms #166, `sizes > 0` -> `sizes >= 0`: the
+  trace alone moves it to 4.57); the SGD tests without momentum step an
+  empty hypothesis by 0."""
+  alg = hypcluster(quadratic, optax.sgd(0.1, momentum=0.9), num_clusters=2,
+                   init_models=jnp.array([0.0, 4.0]))
+  step = jax.jit(alg.step)
+  state, _ = step(alg.init(jnp.zeros(4)),
+                  jnp.array([[0.0], [1.0], [5.0], [9.0]]), KEY)
+  np.testing.assert_array_equal(state.assignment, [0, 0, 1, 1])
+  np.testing.assert_allclose(state.models, [0.05, 4.3], rtol=1e-6)
+  state, _ = step(state, jnp.full((4, 1), -10.0), jax.random.key(1))
+  np.testing.assert_array_equal(state.assignment, [0, 0, 0, 0])
+  np.testing.assert_allclose(state.models[1], 4.3, rtol=1e-6)
