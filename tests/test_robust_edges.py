@@ -342,3 +342,19 @@ def test_top_direction_returns_squared_projections_on_the_unit_vector():
     np.testing.assert_allclose(lam, values[-1], rtol=1e-4)
     np.testing.assert_allclose(tau, ((x - mu) @ vectors[:, -1]) ** 2,
                                rtol=1e-3, atol=1e-6 * scale ** 2)
+
+
+def test_krum_picks_the_same_row_at_a_small_scale():
+  """Points 0, 1, 2.2, 3.5, 10 (N = 5, f = 1: scores over the 2 nearest,
+  2.44 for the point 1, the lowest): Krum returns the point 1, and 1e-4 at
+  1e-4 times the scale (squared distances near 1e-8, as late in training).
+  Seen to fail when the ranks past the nearest add 1 instead of 0 to every
+  score (session 14's sampled survivor aggregators #154, `where(rank <
+  neighbours, nearest, 0.0)` -> `1.0`: every score becomes 3 + 1e-8 terms,
+  which float32 rounds to a tie, and Krum returns the point 0); a shift
+  common to every score keeps the choice only where it is not rounded
+  away."""
+  points = jnp.array([[0.0], [1.0], [2.2], [3.5], [10.0]])
+  krum = jax.jit(aggregators.krum(1))
+  for scale in (1.0, 1e-4):
+    np.testing.assert_allclose(krum(scale * points), [scale], rtol=1e-6)
