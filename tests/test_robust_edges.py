@@ -276,6 +276,20 @@ def test_dnc_normalises_weights_that_sum_below_one():
                                rtol=1e-6)
 
 
+def test_dnc_removes_a_share_of_f_below_one():
+  """Points 0, 1, 2, 3 and 100, f = 2: DnC scores them by their squared
+  distance from the mean 21.2 and removes floor(filter_frac * f) rows:
+  filter_frac = 1 removes 100 and 0 (mean 2), 0.5 only 100 (mean 1.5), 0
+  none (the mean, 21.2). Seen to fail when filter_frac must be at least 1
+  (session 14's sampled survivor aggregators #442, `check_fraction(...,
+  0.0, 2.0)` -> `1.0, 2.0`: 0.5 and 0 refused); every other test used the
+  paper's c = 1 or a negative one."""
+  x = jnp.array([[0.0], [1.0], [2.0], [3.0], [100.0]])
+  for frac, mean in ((1.0, 2.0), (0.5, 1.5), (0.0, 21.2)):
+    got = jax.jit(aggregators.dnc(2, filter_frac=frac))(x)
+    np.testing.assert_allclose(got, [mean], rtol=1e-6)
+
+
 def test_signguard_keeps_rows_at_exactly_the_norm_bounds():
   """Norms 1, 2, 2, 2, 6 along one axis: M = 2, so with `low=0.5,
   high=3.0` the first and last rows sit exactly on the bounds and are kept;

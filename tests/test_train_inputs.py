@@ -107,6 +107,21 @@ def test_byzantine_mask_as_zeros_and_ones_equals_bools():
     np.testing.assert_array_equal(s.byzantine, [False, True, False])
 
 
+def test_a_traced_mask_of_zeros_and_ones_is_checked_by_dtype_only():
+  """`init` under `jit` with an integer or float mask: the traced values
+  cannot be read, so only the dtype is checked, and the mask becomes
+  bools. Seen to fail when the values of a traced mask are read too
+  (session 14's sampled survivor algorithms #6, `dtype != bool and not
+  Tracer` -> `or`: NumPy cannot convert a tracer, so every jitted init
+  with a 0/1 mask raised); the other tests pass masks as concrete arrays."""
+  alg = _local()
+  init = jax.jit(lambda b: alg.init(jnp.zeros((3, 2)), byzantine=b))
+  for mask in (jnp.array([0, 1, 0]), jnp.array([0.0, 1.0, 0.0])):
+    state = init(mask)
+    assert state.byzantine.dtype == bool
+    np.testing.assert_array_equal(state.byzantine, [False, True, False])
+
+
 def test_initial_state_of_another_algorithm_is_refused(data):
   """Local's state (params, opt_state, byzantine, round) has FedAvg's fields:
   failed before the fix (FedAvg resumed from it silently); and a state built
