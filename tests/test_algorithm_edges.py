@@ -164,11 +164,16 @@ def _knn(val, test, lambdas, k):
 def test_knn_per_chooses_lambda_on_validation_not_test():
   """Validation: x = -1 of class 0 (the kNN part is right, the global model
   wrong): lambda 1. Test: x = -1 of class 1, where lambda 0 would be best;
-  the chosen lambda still scores 0 there. Seen to fail when lambda is
-  chosen on the test set (leakage: lambda 0, test accuracy 1)."""
+  the chosen lambda still scores 0 there, and gives the true class
+  probability 0: the test loss is -log(1e-12), finite. Seen to fail when
+  lambda is chosen on the test set (leakage: lambda 0, test accuracy 1),
+  and with the log's floor made -1e-12 (session 14's sampled survivor
+  algorithms #220: the loss NaN; the other tests' true classes had
+  probabilities far above 1e-12)."""
   x = jnp.array([[-1.0]])
   out = _knn((x, jnp.array([0]), 5.0), (x, jnp.array([1])), (0.0, 1.0), 1)
   assert float(out["lambda"]) == 1.0 and float(out["accuracy"]) == 0.0
+  np.testing.assert_allclose(out["loss"], -np.log(1e-12), rtol=1e-6)
 
 
 def test_knn_per_breaks_lambda_ties_to_the_first_grid_value():
