@@ -144,6 +144,24 @@ def test_cap_balls_limits_a_client_to_the_median_count():
   assert never.all()
 
 
+def test_cap_balls_never_counts_an_absent_models_ball():
+  """Senders 0-3 present, each in its own model's ball only (count 1,
+  median 1, cap 1); the absent client 4's model has sender 0 in its ball.
+  That ball is not counted, so nobody is over the cap and every message
+  may take part everywhere. Seen to fail when only the senders' presence
+  is checked (session 14's sampled survivor algorithms #543,
+  `present[:, None]` -> `present[None, :]`: sender 0 counts 2 balls and is
+  dropped at models 1-4); the existing test's absent models held only
+  absent senders."""
+  inside = np.eye(5, dtype=bool)
+  inside[4, 0] = True
+  weights = jnp.array([1.0, 1.0, 1.0, 1.0, 0.0])
+  cap = jax.jit(fc_defence.cap_balls)
+  for seed in range(3):
+    allowed = cap(jnp.asarray(inside), weights, 1.0, jax.random.key(seed))
+    np.testing.assert_array_equal(allowed, np.ones((5, 5), bool))
+
+
 @pytest.mark.parametrize("name", ["jittered_ipm", "spread_edge"])
 def test_ball_cap_holds_where_cap_duplicates_does_not(name):
   """Untied attacks (IPM with every row jittered by 1% of its norm; the
