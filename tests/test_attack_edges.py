@@ -121,15 +121,19 @@ def test_fang_krum_keeps_the_first_lambda_that_gets_its_row_picked(
 def test_min_max_moves_along_its_unit_or_sign_perturbation(perturbation):
   """Min-Max's other two directions (only "std" was tested):
   `-mu / ||mu||` or `-sign(mu)`, as far as the largest benign distance
-  allows. The benign mean is made short (0.05 per coordinate): the search
-  spans gamma in (0, 20), so a unit direction reaches the bound (2.7 from
-  the mean). Seen to fail with `-mu * ||mu||` for the unit direction (length
-  0.0125: the search stops 0.25 from the mean), and with `+mu / ||mu||`
-  (gamma < 0: session 7's mutant #270 of `--preset attacks`)."""
+  allows. The benign mean is made short (0.28, coordinates -0.05 to 0.2):
+  the search spans gamma in (0, 20), so a unit direction reaches the bound
+  (2.7 from the mean). Seen to fail with `-mu * ||mu||` for the unit
+  direction (the search stopped 0.25 from the mean), with `+mu / ||mu||`
+  (gamma < 0: session 7's mutant #270 of `--preset attacks`), and with the
+  two directions swapped (session 14's sampled survivor attacks #277,
+  `kind == 'sign'` -> `!=`), which the mean's coordinates, all 0.05 before,
+  hid: the two directions were then parallel."""
   msgs = opt_tests._messages(1)  # pylint: disable=protected-access
   benign = ~np.asarray(opt_tests.BYZ)
-  msgs = jax.tree.map(lambda v: v - v[benign].mean(0) + 0.05, msgs)
-  out = opt_tests._flat(prfl.attacks.min_max(perturbation)(  # pylint: disable=protected-access
+  shift = {"a": jnp.array([0.05, 0.1, 0.2]), "b": jnp.array([-0.05, 0.15])}
+  msgs = {k: v - v[benign].mean(0) + shift[k] for k, v in msgs.items()}
+  out = opt_tests._flat(jax.jit(prfl.attacks.min_max(perturbation))(  # pylint: disable=protected-access
       msgs, opt_tests.BYZ, jax.random.key(0)))
   honest = opt_tests._flat(msgs)[~np.asarray(opt_tests.BYZ)]  # pylint: disable=protected-access
   mu = honest.mean(0)
