@@ -10,7 +10,6 @@ import optax
 import prfl_jax as prfl
 from prfl_jax.algorithms import cluster_models
 from prfl_jax.algorithms.ditto import ditto
-from prfl_jax.algorithms.hypcluster import hypcluster
 from prfl_jax.algorithms.ifca import ifca
 from prfl_jax.algorithms.ifca import init_cluster_models
 from prfl_jax.algorithms.knn_per import knn_per_evaluate
@@ -219,23 +218,3 @@ def test_random_init_adds_noise_of_standard_deviation_init_scale():
   noise = np.asarray(models, np.float64) - 3.0
   assert abs(noise.mean()) < 1e-3
   np.testing.assert_allclose(noise.std(), 0.01, rtol=0.1)
-
-
-def test_hypcluster_keeps_an_empty_hypothesis():
-  """SGD 0.1 with momentum 0.9, hypotheses 0 and 4: round 1 targets 0, 1
-  pick hypothesis 0 and 5, 9 hypothesis 4 (which moves to 4.3, trace -3);
-  round 2 every target is -10, so hypothesis 1 has no client and must keep
-  4.3 and its trace. Seen to fail when empty hypotheses step too (session
-  14's sampled survivor algorithms #166, `sizes > 0` -> `sizes >= 0`: the
-  trace alone moves it to 4.57); the SGD tests without momentum step an
-  empty hypothesis by 0."""
-  alg = hypcluster(quadratic, optax.sgd(0.1, momentum=0.9), num_clusters=2,
-                   init_models=jnp.array([0.0, 4.0]))
-  step = jax.jit(alg.step)
-  state, _ = step(alg.init(jnp.zeros(4)),
-                  jnp.array([[0.0], [1.0], [5.0], [9.0]]), KEY)
-  np.testing.assert_array_equal(state.assignment, [0, 0, 1, 1])
-  np.testing.assert_allclose(state.models, [0.05, 4.3], rtol=1e-6)
-  state, _ = step(state, jnp.full((4, 1), -10.0), jax.random.key(1))
-  np.testing.assert_array_equal(state.assignment, [0, 0, 0, 0])
-  np.testing.assert_allclose(state.models[1], 4.3, rtol=1e-6)

@@ -100,3 +100,23 @@ def test_nan_client_0_does_not_poison_the_random_init():
                    key=jax.random.key(1))
   state, _ = jax.jit(alg.step)(alg.init(params), batch, jax.random.key(2))
   assert np.all(np.isfinite(np.asarray(state.models)))
+
+
+def test_hypcluster_keeps_an_empty_hypothesis():
+  """SGD 0.1 with momentum 0.9, hypotheses 0 and 4: round 1 targets 0, 1
+  pick hypothesis 0 and 5, 9 hypothesis 4 (which moves to 4.3, trace -3);
+  round 2 every target is -10, so hypothesis 1 has no client and must keep
+  4.3 and its trace. Seen to fail when empty hypotheses step too (session
+  14's sampled survivor algorithms #166, `sizes > 0` -> `sizes >= 0`: the
+  trace alone moves it to 4.57); the SGD tests without momentum step an
+  empty hypothesis by 0."""
+  alg = hypcluster(quadratic, optax.sgd(0.1, momentum=0.9), num_clusters=2,
+                   init_models=jnp.array([0.0, 4.0]))
+  step = jax.jit(alg.step)
+  state, _ = step(alg.init(jnp.zeros(4)),
+                  jnp.array([[0.0], [1.0], [5.0], [9.0]]), jax.random.key(0))
+  np.testing.assert_array_equal(state.assignment, [0, 0, 1, 1])
+  np.testing.assert_allclose(state.models, [0.05, 4.3], rtol=1e-6)
+  state, _ = step(state, jnp.full((4, 1), -10.0), jax.random.key(1))
+  np.testing.assert_array_equal(state.assignment, [0, 0, 0, 0])
+  np.testing.assert_allclose(state.models[1], 4.3, rtol=1e-6)
