@@ -162,6 +162,32 @@ def _dirichlet_runs() -> dict:
   return runs
 
 
+def _dirichlet_fashion_runs() -> dict:
+  """Issue 20's heterogeneity levels on the reduced Fashion-MNIST cell
+  (session 14): FC + defence and the baselines at 20% under their worst
+  attacks, FC at the radius quantile 0.3 where the time went."""
+  d = "byzantine/protocol_dirichlet/fashion_"
+  fashion = "protocol_dirichlet_fashion"
+  runs = {
+      f"{d}dirichlet_0.1_fc": ("byzantine", fashion, [
+          "--heterogeneity", "dirichlet_0.1", "--attacks",
+          "opt_ipm,opt_alie,min_max,spread_edge,ipm_jitter,fang_krum,edge"])}
+  for h in ("dirichlet_0.1", "dirichlet_1", "dirichlet_10"):
+    het = ["--heterogeneity", h]
+    if h != "dirichlet_0.1":
+      runs[f"{d}{h}_fc"] = ("byzantine", fashion, het)
+    runs[f"{d}{h}_baselines"] = ("byzantine", fashion, het + [
+        "--algorithms", _BASELINES,
+        "--attacks", "opt_ipm,fang_tm,fang_krum,min_max,opt_alie"])
+  for h in FASHION_Q030:
+    runs[f"{d}{h}_fc_q030"] = ("byzantine", fashion, [
+        "--heterogeneity", h, "--quantile", "0.3"])
+  return runs
+
+
+FASHION_Q030 = ("dirichlet_1", "dirichlet_10")
+
+
 # Results directory -> (experiment, preset, flags typed after it).
 COMMITTED = {
     "mnist/digits": ("mnist", "digits", []),
@@ -230,6 +256,7 @@ COMMITTED = {
         ["--algorithms", "fc_dedup", "--attacks",
          "alie_jitter,ipm_jitter,spread_edge"]),
     **_dirichlet_runs(),
+    **_dirichlet_fashion_runs(),
     "byzantine/protocol_20pct/digits_private_label_fc": (
         "byzantine", "fc_defences",
         ["--algorithms", "fc_ball_cap", "--attacks",
