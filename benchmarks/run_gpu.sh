@@ -60,12 +60,12 @@ else
 fi
 
 run_tests() {
-  # pytest-xdist when the machine has it (the suite is compile-bound).
-  # Without it, setup.cfg's addopts (-n auto) are dropped: -n needs xdist.
-  # -v: each test's outcome is logged as it ends, so a step cut off by its
-  # timeout still names its failures (the summary comes only at the end).
-  # setup.cfg's addopts (-q -n auto ...) are replaced: its -q would cancel
-  # -v (session 14's log had no per-test lines) and -n needs xdist.
+  # setup.cfg's addopts (-q -n auto ...) are replaced: -n needs xdist, and
+  # -q cancelled -v (session 14's log had no per-test lines). -v logs each
+  # test's outcome as it ends, so a step cut off by its timeout still names
+  # its failures (the summary comes only at the end); -rfs gives failures
+  # and skip reasons. pytest-xdist when the machine has it (the suite is
+  # compile-bound).
   local workers=(-o "addopts=" -m "not slow" -v -rfs --durations=20)
   if python3 -c "import xdist" 2>/dev/null; then
     workers+=(-n "${TEST_WORKERS:-16}" --dist worksteal)

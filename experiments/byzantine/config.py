@@ -37,6 +37,8 @@ def method_label(method: str) -> str:
   radius quantile ("fc_ball_cap@0.3") gets its quantile."""
   base, _, q = method.partition("@")
   return registry.label(base) + (f", quantile {q}" if q else "")
+
+
 # Line-search evaluations of the optimised ALIE / IPM (ByzFL: 20). Against
 # FC every evaluation clusters at every model, so fewer.
 OPT_EVALS = 8

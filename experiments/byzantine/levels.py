@@ -82,8 +82,9 @@ def plot_heterogeneity(summary: list, path: str) -> bool:
                                     + 2))
   image = None
   for ax, key, (levels, methods, worst, bound) in zip(axes[0], keys, panels):
-    image = figures.accuracy_image(ax, worst, [config.method_label(m) for m in methods], levels,
-                   prefix=np.where(bound, "<=", ""), size=8, rotation=20)
+    image = figures.accuracy_image(
+        ax, worst, [config.method_label(m) for m in methods], levels,
+        prefix=np.where(bound, "<=", ""), size=8, rotation=20)
     ax.set_title(f"{key[0]}, {int(100 * key[1])}% Byzantine, {key[2]} "
                  "rounds: worst case\nover attacks (<=: attack-free only)",
                  fontsize=9)

@@ -228,8 +228,9 @@ def markdown(rows: list, summary: list) -> str:
                if any((a, m) in here for m in methods)]
     lines += ["", f"{cell[0]}, {cell[1]}, {int(100 * cell[2])}% Byzantine, "
               f"{cell[3]} rounds (every run; - = not run):", "",
-              "| attack | " + " | ".join(config.method_label(m) for m in methods)
-              + " |", "|---|" + "---:|" * len(methods)]
+              "| attack | "
+              + " | ".join(config.method_label(m) for m in methods) + " |",
+              "|---|" + "---:|" * len(methods)]
     for a in attacks:
       lines.append(f"| {config.ATTACK_LABELS[a]} | " + " | ".join(
           _pcts(here.get((a, m), [])) for m in methods) + " |")
@@ -259,8 +260,9 @@ def plot(rows: list, path: str):
     methods = sorted({m for _, m in here})
     grid = np.array([[100 * here.get((a, m), np.nan) for a in attacks]
                      for m in methods])
-    image = figures.accuracy_image(ax, grid, [config.method_label(m) for m in methods],
-                   [config.ATTACK_LABELS[a] for a in attacks])
+    image = figures.accuracy_image(
+        ax, grid, [config.method_label(m) for m in methods],
+        [config.ATTACK_LABELS[a] for a in attacks])
     ax.set_title(f"{cell[0]}, {cell[1]}, {int(100 * cell[2])}% Byzantine, "
                  f"{cell[3]} rounds (blank: not run)", fontsize=9)
   fig.colorbar(image, ax=axes[:, 0].tolist(), fraction=0.03,
