@@ -372,3 +372,33 @@ def test_krum_picks_the_same_row_at_a_small_scale():
   krum = jax.jit(aggregators.krum(1))
   for scale in (1.0, 1e-4):
     np.testing.assert_allclose(krum(scale * points), [scale], rtol=1e-6)
+
+
+def test_nnm_allows_any_f_below_n():
+  """NNM needs only f < N (each row keeps n - f >= 1 neighbours), not 2 f
+  < N: points 0, 1, 3, 10 with f = 2 mix each with its nearest other point
+  (0.5, 0.5, 2, 6.5), f = 3 leaves every row alone, f = 4 is refused.
+  Seen to fail when the check is 2 f < N (session 15's sampled survivor
+  aggregators #212, `factor=1` -> `2` in `nnm`: f = 2 and 3 refused; the
+  other tests use f < N / 2)."""
+  x = jnp.array([[0.0], [1.0], [3.0], [10.0]])
+  for f, expected in ((2, [0.5, 0.5, 2.0, 6.5]), (3, [0.0, 1.0, 3.0, 10.0])):
+    out, w = jax.jit(aggregators.nnm(f))(x)
+    np.testing.assert_allclose(out[:, 0], expected, rtol=1e-6)
+    np.testing.assert_array_equal(w, np.ones(4))
+  with pytest.raises(ValueError, match="num_byzantine"):
+    aggregators.nnm(4)(x)
+
+
+def test_arc_leaves_a_row_at_the_threshold_alone_even_at_infinite_norm():
+  """ARC with f = 0 clips k = 0 rows: the threshold is the largest norm and
+  every row comes out as it went in, also a finite row (3e19, 0) whose
+  squared norm overflows float32 (norm and threshold both inf). Seen to
+  fail when rows at the threshold are rescaled too (`norms > threshold` ->
+  `>=` in `_clip_to`, session 15's sampled survivor aggregators #206:
+  inf / inf turns that row into NaN). For finite norms the two agree, as
+  x / x is exactly 1 and a float32 norm is 0 or above 1e-30."""
+  x = jnp.array([[3e19, 0.0], [1.0, 2.0], [0.0, -4.0]])
+  out, w = jax.jit(aggregators.arc(0))(x)
+  np.testing.assert_array_equal(out, x)
+  np.testing.assert_array_equal(w, np.ones(3))
