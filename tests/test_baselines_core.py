@@ -49,6 +49,16 @@ def test_oracle_rejects_a_negative_cluster_id_anywhere():
                            clusters=[0, -1])
 
 
+def test_oracle_refuses_float_ids_and_a_2d_id_array_each_alone():
+  """Either fault alone is refused when the oracle is built: float ids
+  [0.0, 1.0] (1-D) and integer ids [[0, 1]] (2-D). Seen to fail with the
+  two conditions joined by `and` (session 15's sampled survivor algorithms
+  #105: both pass; the float ids even train, as clusters 0 and 1)."""
+  for bad in (np.array([0.0, 1.0]), np.array([[0, 1]])):
+    with pytest.raises(ValueError, match="1-D integer"):
+      prfl.algorithms.oracle(shifted_quadratic, optax.sgd(0.5), clusters=bad)
+
+
 def test_fedavg_gradient_averaging():
   alg = prfl.algorithms.fedavg(shifted_quadratic, optax.sgd(0.5))
   state, _ = alg.step(alg.init(jnp.zeros((4, 1))), C, jax.random.key(0))
