@@ -199,3 +199,41 @@ def test_a_factorys_closures_made_before_the_swap_run_the_mutant():
   finally:
     undo()
   assert float(rule(x, w)[0]) == 1.0
+
+
+def test_tests_naming_the_mutated_function_run_first(tmp_path, monkeypatch):
+  """`ordering.ordered_tests` keeps every test once and only reorders: the
+  tests whose source (decorators too) names the function, then those naming
+  a sibling, then the rest; a file it cannot split stays whole, last."""
+  from tools.mutation import ordering  # pylint: disable=g-import-not-at-top
+  (tmp_path / "tests").mkdir()
+  (tmp_path / "tests" / "test_order_a.py").write_text(
+      "import pytest\n"
+      "@pytest.mark.parametrize('x', [1, 2])\n"
+      "def test_plain(x):\n  targets(x)\n"
+      "def helper():\n  target()\n"
+      "class TestGroup:\n"
+      "  def test_sibling(self):\n    other()\n"
+      "  def not_a_test(self):\n    target()\n"
+      "@pytest.mark.parametrize('f', [target])\n"
+      "def test_decorated(f):\n  pass\n"
+      "def test_calls_target():\n  target()\n")
+  (tmp_path / "tests" / "test_order_b.py").write_text(
+      "from elsewhere import test_imported\n"
+      "def test_target_here():\n  target()\n")
+  monkeypatch.setattr(ordering, "REPO", str(tmp_path))
+  ordering._split.cache_clear()  # pylint: disable=protected-access
+  try:
+    got = ordering.ordered_tests(
+        ["tests/test_order_a.py", "tests/test_order_b.py",
+         "tests/test_order_a.py::test_plain[1]"], "target",
+        ["target", "other"])
+    plain = ordering.ordered_tests(["tests/test_order_a.py::test_plain[2]"],
+                                   "target")
+  finally:
+    ordering._split.cache_clear()  # pylint: disable=protected-access
+  a = "tests/test_order_a.py::"
+  assert got == [a + "test_decorated", a + "test_calls_target",
+                 a + "TestGroup::test_sibling", a + "test_plain",
+                 "tests/test_order_b.py"]
+  assert plain == [a + "test_plain[2]"]

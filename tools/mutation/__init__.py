@@ -14,7 +14,10 @@ How mutants run (`--isolation`):
   values) of the top-level function holding the mutated line is swapped for
   the mutated one (so every reference to the function runs the mutant), or a
   module-level constant is rebound; JAX's caches are cleared, pytest runs in
-  the worker (`-x`), and the original is restored. A mutant that crashes its
+  the worker (`-x`, the tests that name the mutated function first, then
+  those naming its module's other functions: only the order changes, every
+  test still runs before a survivor is called), and the original is
+  restored. A mutant that crashes its
   worker counts as killed and the worker is restarted.
 * `process`: a fresh `pytest -x` process per mutant on a scratch copy of the
   repository with the mutated module written in; slower by the ~45 s of
@@ -51,7 +54,8 @@ at its known locations.
 
 Modules: `operators` (which nodes change and how, the mutated source),
 `presets` (the named sets of targets and edits), `workers` (running a
-mutant's tests in-process or in a fresh process), `cli` (the command line).
+mutant's tests in-process or in a fresh process), `ordering` (the order of
+a mutant's tests), `cli` (the command line).
 """
 
 from tools.mutation.cli import excluded

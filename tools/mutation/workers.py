@@ -22,6 +22,8 @@ from typing import Callable, List, Optional, Sequence, Tuple
 from tools.mutation.operators import Mutant
 from tools.mutation.operators import REPO
 from tools.mutation.operators import mutated_source
+from tools.mutation.ordering import module_functions
+from tools.mutation.ordering import ordered_tests
 
 # -n 0: in this process, where the mutated code is (setup.cfg's addopts would
 # send the tests to pytest-xdist workers). -rfE: the summary names the failing
@@ -326,7 +328,8 @@ def worker() -> int:
   replaces the code of the top-level function that holds the mutated line
   (every reference to the function, e.g. `prfl.masked_quantile` or a name
   imported by a test, runs the mutant) or rebinds the module constant, JAX's
-  caches are cleared, pytest runs in this process, and the original is
+  caches are cleared, pytest runs in this process (the tests that name the
+  mutated function first: `ordering.ordered_tests`), and the original is
   restored.
   """
   import jax  # pylint: disable=g-import-not-at-top
@@ -337,12 +340,15 @@ def worker() -> int:
 
   for line in sys.stdin:
     job = json.loads(line)
-    undo = (swap_in(Mutant(**job["mutant"])) if job["kind"] == "mutant" else
-            None)
+    undo, tests = None, job["tests"]
+    if job["kind"] == "mutant":
+      m = Mutant(**job["mutant"])
+      undo = swap_in(m)
+      tests = ordered_tests(tests, inprocess_site(m.path, m.line)[1],
+                            module_functions(m.path))
     jax.clear_caches()
     try:
-      status, seconds, failed, cpu = run_pytest_here(job["tests"],
-                                                     job["timeout"])
+      status, seconds, failed, cpu = run_pytest_here(tests, job["timeout"])
     finally:
       if undo is not None:
         undo()
