@@ -402,3 +402,64 @@ def test_arc_leaves_a_row_at_the_threshold_alone_even_at_infinite_norm():
   out, w = jax.jit(aggregators.arc(0))(x)
   np.testing.assert_array_equal(out, x)
   np.testing.assert_array_equal(w, np.ones(3))
+
+
+def test_an_absent_row_0_leaves_the_nearest_rows_of_another_row_unchanged():
+  """Row 0 absent (weight 0, far away). MoNNA trusting row 3 (at 0) among
+  2, 1, 0 with f = 1 averages its two nearest present rows, 0 and 1: 0.5.
+  DnC with f = 1 on 100, 0, 1, 2 (present) drops the largest score, 100:
+  mean 1. Seen to fail when `base.nearest` masks the distances by the
+  query row's presence (`present[None, :]` -> `present[:, None]` in the
+  `where`, session 15's sampled survivor aggregators #39): for one query
+  row (MoNNA, DnC) that broadcasts to every row's presence and row 0 of it
+  is read, so an absent row 0 makes every distance inf and the
+  lowest-indexed present rows win (MoNNA 1.5, DnC 33.7);
+  `test_monna_skips_an_absent_first_row` has its nearest rows lowest too."""
+  w = jnp.array([0.0, 1.0, 1.0, 1.0])
+  got = jax.jit(aggregators.monna(1, index=3))(
+      jnp.array([[100.0], [2.0], [1.0], [0.0]]), w)
+  np.testing.assert_allclose(got, [0.5], rtol=1e-6)
+  got = jax.jit(aggregators.dnc(1))(
+      jnp.array([[50.0], [100.0], [0.0], [1.0], [2.0]]),
+      jnp.array([0.0, 1.0, 1.0, 1.0, 1.0]))
+  np.testing.assert_allclose(got, [1.0], rtol=1e-6)
+
+
+def test_krum_refuses_n_equal_to_2f_plus_2():
+  """Krum needs N > 2 f + 2: f = 1 is refused for N = 4 and allowed for
+  N = 5 (the other tests refused only N well below 2 f + 2). Seen to fail
+  when N = 2 f + 2 passes (`>=` -> `>` in `check_krum`, session 15's
+  sampled survivor aggregators #133)."""
+  with pytest.raises(ValueError, match="num_byzantine"):
+    aggregators.check_krum(1, 4)
+  with pytest.raises(ValueError, match="num_byzantine"):
+    aggregators.krum(1)(jnp.zeros((4, 2)))
+  aggregators.check_krum(1, 5)
+
+
+def test_bucket_means_gives_an_empty_bucket_a_zero_row_of_weight_zero():
+  """Rows 0 and 3 present of four, buckets of one: buckets 0 and 1 hold rows
+  0 and 3, buckets 2 and 3 are empty and come out as zero rows of weight 0
+  (the module's contract for absent rows). Seen to fail when the bucket's
+  total is divided by also at 0 (`where(total > 0, total, 1.0)` -> `total
+  >= 0`, session 15's sampled survivor aggregators #233: 0 / 0, NaN rows;
+  the reference test has no empty bucket)."""
+  x = jnp.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0]])
+  means, w = jax.jit(aggregators.bucket_means, static_argnums=2)(
+      {"x": x}, jnp.arange(4), 1, jnp.array([2.0, 0.0, 0.0, 1.0]))
+  np.testing.assert_array_equal(means["x"],
+                                [[1.0, 2.0], [7.0, 8.0], [0.0, 0.0],
+                                 [0.0, 0.0]])
+  np.testing.assert_array_equal(w, [2.0, 1.0, 0.0, 0.0])
+
+
+def test_sign_features_count_zeros_apart_from_positive_entries():
+  """Shares of positive, zero and negative entries: (2, 0, -1, 0) has 1/4,
+  1/2 and 1/4; (0, 0, 0, 3) 1/4, 3/4, 0. Seen to fail when zeros count as
+  positive (`flat > 0` -> `flat >= 0`, session 15's sampled survivor
+  aggregators #285: 3/4 and 1 positive; the other tests' rows had no exact
+  zero or the same share of them in every row, where the shift is common
+  to all rows and the clustering does not see it)."""
+  got = jax.jit(signs.sign_features)(
+      jnp.array([[2.0, 0.0, -1.0, 0.0], [0.0, 0.0, 0.0, 3.0]]))
+  np.testing.assert_array_equal(got, [[0.25, 0.5, 0.25], [0.25, 0.75, 0.0]])
