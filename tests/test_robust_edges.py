@@ -463,3 +463,48 @@ def test_sign_features_count_zeros_apart_from_positive_entries():
   got = jax.jit(signs.sign_features)(
       jnp.array([[2.0, 0.0, -1.0, 0.0], [0.0, 0.0, 0.0, 3.0]]))
   np.testing.assert_array_equal(got, [[0.25, 0.5, 0.25], [0.25, 0.75, 0.0]])
+
+
+def test_signguard_clips_to_the_median_norm_at_a_scale_below_one():
+  """The rows of `test_signguard_keeps_rows_at_exactly_the_norm_bounds`
+  divided by 16 (norms 1/16 to 6/16, all below 1; powers of two keep the
+  ratios exact): SignGuard is scale-equivariant, 1.8 / 16. Seen to fail
+  when the norms under the clip's ratio are floored at 1 (`maximum(norms,
+  1e-30)` -> `maximum(norms, 1.0)`, session 15's sampled survivor
+  aggregators #371: every row is scaled by min(1, M) = 1/8, 0.02; the other
+  tests' norms were 1 or more)."""
+  x = jnp.array([[1.0, 0.0], [2.0, 0.0], [2.0, 0.0], [2.0, 0.0],
+                 [6.0, 0.0]])
+  rule = jax.jit(aggregators.signguard(low=0.5, high=3.0))
+  for scale in (1.0, 1.0 / 16):
+    np.testing.assert_allclose(rule(scale * x), [1.8 * scale, 0.0],
+                               rtol=1e-6)
+
+
+def test_dnc_keeps_only_rows_kept_in_every_pass():
+  """Rows (10, 0) and (0, 10) are each the outlier of one coordinate; DnC
+  with f = 1, one coordinate per pass and 20 passes (key 0 draws both
+  coordinates) drops each in some pass, so only (0, 0), (1, 1), (-1, -1)
+  are kept in every pass: mean (0, 0). Seen to fail when a row kept in any
+  pass is averaged (`jnp.all` -> `jnp.any` over the passes, session 15's
+  sampled survivor aggregators #461: all five rows, (2, 2)); with one pass,
+  or passes over every coordinate, the two agree."""
+  x = jnp.array([[10.0, 0.0], [0.0, 10.0], [0.0, 0.0], [1.0, 1.0],
+                 [-1.0, -1.0]])
+  rule = aggregators.dnc(1, num_iters=20, subsample_dim=1)
+  got = jax.jit(lambda m, k: rule(m, key=k))(x, jax.random.key(0))
+  np.testing.assert_allclose(got, [0.0, 0.0], atol=1e-6)
+
+
+def test_mda_averages_exactly_n_minus_f_present_rows():
+  """Present rows 0, 0, 1, 1 and an absent last row (weight 0), f = 1:
+  every 3 of the 4 present rows have diameter 1, so the first valid subset
+  in combinations order wins, rows 0-2 (mean 1/3); the subset that drops
+  the absent row keeps all 4 present rows and is not valid. Seen to fail
+  when a subset is valid if it keeps or finds present any row (`jnp.all` ->
+  `jnp.any` in `_best_subset`, session 15's sampled survivor aggregators
+  #466: the 4 present rows, tied at diameter 1 and first in order, 0.5)."""
+  got = jax.jit(aggregators.mda(1))(
+      jnp.array([[0.0], [0.0], [1.0], [1.0], [100.0]]),
+      jnp.array([1.0, 1.0, 1.0, 1.0, 0.0]))
+  np.testing.assert_allclose(got, [1.0 / 3.0], rtol=1e-6)
