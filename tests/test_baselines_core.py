@@ -127,6 +127,10 @@ def test_few_rounds_on_synthetic_under_jit(name):
                       verbose=False)
   assert result.state.params.shape == (6, 10)
   assert np.all(np.isfinite(result.state.params))
+  # `state.round` counts the rounds done (a resumed run starts there): six.
+  # Seen to fail for local with `round - 1` (session 15's sampled survivor
+  # algorithms #103: -6; nothing else read Local's counter).
+  assert int(result.state.round) == 6
   assert result.history["eval/error"].shape == (3,)
   assert np.all(np.isfinite(result.history["train/loss"]))
   if name in ("local", "oracle", "fedavg", "fc", "mc"):
