@@ -508,3 +508,33 @@ def test_mda_averages_exactly_n_minus_f_present_rows():
       jnp.array([[0.0], [0.0], [1.0], [1.0], [100.0]]),
       jnp.array([1.0, 1.0, 1.0, 1.0, 0.0]))
   np.testing.assert_allclose(got, [1.0 / 3.0], rtol=1e-6)
+
+
+def test_trimmed_mean_and_meamed_normalise_weights_that_sum_below_one():
+  """Rows 0, 1, 2, 10 at weight 1/8 each (powers of two: exact sums): the
+  trimmed mean at 0.25 drops 0 and 10 (1.5); Meamed with f = 1 averages the
+  3 values nearest the median 1.5, rows 0-2 (1), as with weights 1. Seen to
+  fail when `_ranked_mean` divides by the kept weight only above 1
+  (`where(total > 0, total, 1.0)` -> `total > 1`, session 15's sampled
+  survivor aggregators #83: 0.375 for both; the other tests' kept weights
+  summed to 1 or more)."""
+  x = jnp.array([[0.0], [1.0], [2.0], [10.0]])
+  for weight in (1.0, 0.125):
+    w = jnp.full(4, weight)
+    np.testing.assert_allclose(jax.jit(aggregators.trimmed_mean(0.25))(x, w),
+                               [1.5], rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(aggregators.meamed(1))(x, w), [1.0],
+                               rtol=1e-6)
+
+
+def test_meamed_breaks_ties_in_the_gap_by_lower_row_among_many_rows():
+  """20 rows: 9 at +1 (rows 0-8), 9 at -1 (rows 9-17), 2 at 0: the median
+  is 0 and 18 rows tie at gap 1. Meamed with f = 9 averages n - f = 11
+  values: the two zeros and the 9 lowest tied rows, all +1: 9 / 11. Seen
+  to fail when the gap's sort is not stable (`stable=True` -> `False` in
+  `mean_around_median`, session 15's sampled survivor aggregators #103): on
+  CPU an unstable sort keeps the order of ties up to 16 rows, and the
+  other tests have at most 14 rows, of random values without ties."""
+  x = jnp.array([[1.0]] * 9 + [[-1.0]] * 9 + [[0.0]] * 2)
+  np.testing.assert_allclose(jax.jit(aggregators.meamed(9))(x), [9.0 / 11.0],
+                             rtol=1e-6)
