@@ -459,7 +459,8 @@ def test_sign_features_count_zeros_apart_from_positive_entries():
   positive (`flat > 0` -> `flat >= 0`, session 15's sampled survivor
   aggregators #285: 3/4 and 1 positive; the other tests' rows had no exact
   zero or the same share of them in every row, where the shift is common
-  to all rows and the clustering does not see it)."""
+  to all rows and the clustering does not see it), and when entries below
+  1 count as negative (`flat < 0` -> `flat < 1`, #290: 3/4 and 3/4)."""
   got = jax.jit(signs.sign_features)(
       jnp.array([[2.0, 0.0, -1.0, 0.0], [0.0, 0.0, 0.0, 3.0]]))
   np.testing.assert_array_equal(got, [[0.25, 0.5, 0.25], [0.25, 0.75, 0.0]])
@@ -538,3 +539,41 @@ def test_meamed_breaks_ties_in_the_gap_by_lower_row_among_many_rows():
   x = jnp.array([[1.0]] * 9 + [[-1.0]] * 9 + [[0.0]] * 2)
   np.testing.assert_allclose(jax.jit(aggregators.meamed(9))(x), [9.0 / 11.0],
                              rtol=1e-6)
+
+
+def test_krum_allows_no_byzantine_client():
+  """f = 0 is a valid Krum (N = 4 > 2): scores over the 2 nearest others,
+  for 0, 1, 1.5, 10: 3.25, 1.25, 2.5, 153.25, so Krum returns 1; f = -1 is
+  refused. Seen to fail when f must be at least 1 (`minimum=0` -> `1` in
+  `krum`, session 15's sampled survivor aggregators #156: the other tests
+  use f >= 1)."""
+  got = jax.jit(aggregators.krum(0))(jnp.array([[0.0], [1.0], [1.5], [10.0]]))
+  np.testing.assert_allclose(got, [1.0])
+  with pytest.raises(ValueError, match="num_byzantine"):
+    aggregators.krum(-1)
+
+
+def test_top_direction_centres_exactly_far_from_the_origin():
+  """Integer rows with spread about 1, at offsets 0 and 1000, equal shares
+  1/4: the Gram matrix (entries up to 2e6), the shares' products and the
+  centring g - r_i - r_j + s are all exact in float32, so the eigenpair is
+  as accurate as at the origin (1e-7 against NumPy's float64 covariance).
+  Seen to fail when the centring subtracts s = ||mu||^2 instead of adding
+  it (session 15's sampled survivor aggregators #374, `+ jnp.dot(share,
+  r)` -> `-`): in exact arithmetic that only moves the covariance's null
+  direction sqrt(share) to eigenvalue -2 s, leaving the top pair alone, but
+  in float32 an eigenvalue of -4e6 next to the spread's 1.5 costs the top
+  pair 2e-2 (lambda) and 9e-2 (tau) at offset 1000 (3e-7 at 0)."""
+  base = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 2.0], [3.0, 1.0]])
+  share = np.full(4, 0.25)
+  top = jax.jit(spectral.top_direction)
+  for offset in (0.0, 1000.0):
+    x = base + offset
+    mu = share @ x
+    values, vectors = np.linalg.eigh((share[:, None] * (x - mu)).T @ (x - mu))
+    lam, tau = top(jnp.asarray(x @ x.T, jnp.float32),
+                   jnp.asarray(share, jnp.float32))
+    expected = ((x - mu) @ vectors[:, -1]) ** 2
+    np.testing.assert_allclose(lam, values[-1], rtol=1e-5)
+    np.testing.assert_allclose(tau, expected, rtol=1e-5,
+                               atol=1e-5 * expected.max())
