@@ -162,6 +162,24 @@ def test_cap_balls_never_counts_an_absent_models_ball():
     np.testing.assert_array_equal(allowed, np.ones((5, 5), bool))
 
 
+def test_cap_balls_never_counts_an_absent_senders_message():
+  """Models 0-2 present, each ball holding its own sender; the absent
+  client 3's message lies in all three balls. Its balls are not counted
+  (count 0; the present senders 1 each, median 1, cap 1), so nobody is
+  over the cap and every message may take part everywhere. Seen to fail
+  when only the models' presence is checked (session 15's sampled
+  survivor algorithms #544, `present[None, :]` -> `present[:, None]`:
+  client 3 counts 3 balls and keeps one of models 0-2); the mirror image
+  of the test above, whose absent senders were in no present ball."""
+  inside = np.eye(4, dtype=bool)
+  inside[:3, 3] = True
+  weights = jnp.array([1.0, 1.0, 1.0, 0.0])
+  cap = jax.jit(fc_defence.cap_balls)
+  for seed in range(3):
+    allowed = cap(jnp.asarray(inside), weights, 1.0, jax.random.key(seed))
+    np.testing.assert_array_equal(allowed, np.ones((4, 4), bool))
+
+
 @pytest.mark.parametrize("name", ["jittered_ipm", "spread_edge"])
 def test_ball_cap_holds_where_cap_duplicates_does_not(name):
   """Untied attacks (IPM with every row jittered by 1% of its norm; the
