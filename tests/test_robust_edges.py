@@ -577,3 +577,32 @@ def test_top_direction_centres_exactly_far_from_the_origin():
     np.testing.assert_allclose(lam, values[-1], rtol=1e-5)
     np.testing.assert_allclose(tau, expected, rtol=1e-5,
                                atol=1e-5 * expected.max())
+
+
+def test_multi_krum_may_select_every_row():
+  """`num_selected` = N is allowed and averages every row (0, 1, 2, 3, 10:
+  3.2); N + 1 is refused. Seen to fail when N is refused too (`num_selected
+  > n` -> `>=` in `krum`, session 15's sampled survivor aggregators #157:
+  the other tests select fewer than N)."""
+  x = jnp.array([[0.0], [1.0], [2.0], [3.0], [10.0]])
+  got = jax.jit(aggregators.krum(1, num_selected=5))(x)
+  np.testing.assert_allclose(got, [3.2], rtol=1e-6)
+  with pytest.raises(ValueError, match="num_selected"):
+    aggregators.krum(1, num_selected=6)(x)
+
+
+def test_unflatten_inverts_flatten_for_several_leaves():
+  """`base.unflatten(base.flatten(tree)[i], tree)` is row i of every leaf,
+  for leaves of 2 and 2 x 3 entries (flattened in `jax.tree.leaves` order).
+  Seen to fail when the offset moves back instead of on (`offset + size` ->
+  `offset - size`, session 15's sampled survivor aggregators #36: the
+  second leaf reads the first's entries; no library code calls `unflatten`
+  at present, so no other test did)."""
+  from prfl_jax.aggregators import base
+  tree = {"b": np.arange(4.0, dtype=np.float32).reshape(2, 2),
+          "w": 10.0 + np.arange(12.0, dtype=np.float32).reshape(2, 2, 3)}
+  flat = base.flatten(tree)
+  for i in range(2):
+    got = base.unflatten(flat[i], tree)
+    np.testing.assert_array_equal(got["b"], tree["b"][i])
+    np.testing.assert_array_equal(got["w"], tree["w"][i])
