@@ -239,3 +239,20 @@ def test_flip_labels_flips_label_zero_and_keeps_padding():
   labels = jnp.array([[0, 9, -1], [0, 9, -1]])
   out = prfl.attacks.flip_labels(labels, jnp.array([True, False]), 10)
   np.testing.assert_array_equal(out, [[9, 0, -1], [0, 9, -1]])
+
+
+def test_threshold_objective_divides_by_the_byzantine_count():
+  """Two Byzantine starts, a radius (100) that holds every row: one step
+  from any start gives the weighted mean, the benign rows' (0 + 2) / 2 = 1
+  without the attack and all rows' (0 + 2 + 10 + 12) / 4 = 6 with it, so
+  each Byzantine start's gap is 5 and so is their mean. Seen to fail when
+  the count is the Byzantine share (`jnp.mean(byzantine)`, floored at 1:
+  10, session 15's sampled survivor attacks #234) or multiplies (20,
+  attacks #229); with one Byzantine row, as in the test above, the three
+  agree, and the line search only compares values."""
+  objective = jax.jit(prfl.attacks.threshold_objective(100.0, 1))
+  honest = jnp.array([[0.0], [2.0], [4.0], [6.0]])
+  attacked = jnp.array([[0.0], [2.0], [10.0], [12.0]])
+  byzantine = jnp.array([False, False, True, True])
+  np.testing.assert_allclose(objective(attacked, honest, byzantine), 5.0,
+                             rtol=1e-6)
