@@ -606,3 +606,18 @@ def test_unflatten_inverts_flatten_for_several_leaves():
     got = base.unflatten(flat[i], tree)
     np.testing.assert_array_equal(got["b"], tree["b"][i])
     np.testing.assert_array_equal(got["w"], tree["w"][i])
+
+
+def test_caf_stops_when_the_weights_total_reaches_n_minus_2f():
+  """Points 2, -1, -1, -1, 1 (mean 0), f = 1: the first pass's squared
+  projections are 4, 1, 1, 1, 1 over lambda, so the weights become 0, 3/4,
+  3/4, 3/4, 3/4 and their total is n - 2 f = 3 exactly (in float32 too,
+  at these scales): CAF's loop (while the total is > n - 2 f) stops and
+  returns the mean of its one pass, 0 (also at twice the scale). Seen to
+  fail when it goes on at equality (`jnp.sum(c) > stop` -> `>=`, session
+  15's sampled survivor aggregators #410: a second pass over -1, -1, -1, 1
+  has the smaller eigenvalue, mean -0.5)."""
+  x = jnp.array([[2.0], [-1.0], [-1.0], [-1.0], [1.0]])
+  rule = jax.jit(aggregators.caf(1))
+  for scale in (1.0, 2.0):
+    np.testing.assert_allclose(rule(scale * x), [0.0], atol=1e-6)
