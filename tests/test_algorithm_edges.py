@@ -188,6 +188,21 @@ def test_knn_per_breaks_lambda_ties_to_the_first_grid_value():
   np.testing.assert_allclose(out["loss"], np.log(2.0), rtol=1e-6)
 
 
+def test_knn_per_loss_reads_each_test_points_own_label():
+  """Two test points, x = -1 of class 0 and x = +1 of class 1, lambda 0.5,
+  k = 1, a uniform global model: p = 0.5 onehot + 0.25, so each point's own
+  class has 0.75 and the loss is -log 0.75 = 0.288. Seen to fail with the
+  labels indexed as a row (session 15's sampled survivor algorithms #221,
+  `y[:, None]` -> `y[None, :]`: every point read at the first label, class
+  0, -(log 0.75 + log 0.25) / 2 = 0.837); the other tests had one test
+  point, where the two agree."""
+  x = jnp.array([[-1.0]])
+  out = _knn((x, jnp.array([0]), 0.0),
+             (jnp.array([[-1.0], [1.0]]), jnp.array([0, 1])), (0.5,), 1)
+  assert float(out["accuracy"]) == 1.0
+  np.testing.assert_allclose(out["loss"], -np.log(0.75), rtol=1e-6)
+
+
 def test_myopic_default_separation_is_the_radius():
   """Gradients -0.1, -0.12, -0.3, radius 0.05, K = 3: with the default
   separation (the radius) -0.12 is too close to -0.1 to open a third
