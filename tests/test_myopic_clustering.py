@@ -88,6 +88,28 @@ def test_a_merged_centre_weighs_every_client_equally():
   np.testing.assert_allclose(metrics["own_weight"], 1 / 3, rtol=1e-5)
 
 
+def test_a_started_at_message_keeps_the_weight_its_ball_leaves():
+  """Gradients 0, -0.2, -10, radius 1, K = 2, one Threshold-Clustering
+  step: farthest-first starts a centre at 0 or -0.2 and one at -10. The
+  first ball holds two of the three messages (1/3 each), so its start keeps
+  1/3 more: weights 2/3 and 1/3 (effective count 1 / (4/9 + 1/9) = 1.8,
+  for clients 0 and 1); the second holds only -10 (1/3 plus the 2/3 it
+  keeps: count 1). Mean effective count (1.8 + 1.8 + 1) / 3 = 23/15,
+  whichever start is drawn. Seen to fail with the kept weight subtracted
+  (session 15's sampled survivor algorithms #291, `+` -> `-`: count 1);
+  the merged-centre test above leaves nothing to keep."""
+  alg = myopic_clustering(quadratic, optax.sgd(0.1), num_clusters=2,
+                          radius=1.0, num_iters=1)
+  step = jax.jit(alg.step)
+  for seed in range(3):
+    _, metrics = step(alg.init(jnp.zeros(3)),
+                      jnp.array([[0.0], [0.2], [10.0]]),
+                      jax.random.PRNGKey(seed))
+    assert metrics["num_clusters"] == 2
+    np.testing.assert_allclose(metrics["effective_count"], 23 / 15,
+                               rtol=1e-5)
+
+
 def test_jit_linear_regression_with_attack():
   loss, batch, params = linreg_federation(jax.random.PRNGKey(0))
   byz = jnp.array([False] * 5 + [True])
