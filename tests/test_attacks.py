@@ -120,6 +120,28 @@ def test_threshold_edge_sits_inside_the_ball_against_the_estimate(method):
                              atol=1e-5)
 
 
+@pytest.mark.parametrize("method", ["direct", "gram"])
+def test_threshold_edge_finds_a_quantile_edge_below_one(method):
+  """Distances below 1, a quantile radius: clusters {2, 2, 2, 2.4} and {10,
+  10, 10, 10.4} (benign), Byzantine clients whose honest messages are 2 and
+  10, N = 10, q = 0.4. Each start's ball has radius 0.32 (0.4-quantile of
+  the 8 benign distances 0, 0, 0, 0.4, 7.6, 8, 8, 8: position 2.8), so it
+  holds only the tied rows and the estimate stays at 2 (10); the edge
+  radius is the benign distance of rank floor(0.4 x 9) = 3, 0.4, and the
+  message 2 - 0.95 x 0.4 = 1.62 (10 - 0.38 = 9.62). Seen to fail when the
+  Gram kernel's squared distances are floored at 1 instead of 0 (session
+  15's sampled survivor attacks #117: the edge radius becomes 1, 1.05 and
+  9.05); the other tests' quantile edges were all past 1, and a scalar
+  radius never reads the distances."""
+  msgs = jnp.array([[2.0], [2.0], [2.0], [2.4], [10.0], [10.0], [10.0],
+                    [10.4], [2.0], [10.0]])
+  byz = jnp.arange(10) >= 8
+  out = jax.jit(prfl.attacks.threshold_edge(
+      prfl.quantile_radius(0.4), num_iters=3, method=method))(msgs, byz, KEY)
+  np.testing.assert_allclose(out[8:], [[1.62], [9.62]], atol=1e-4)
+  np.testing.assert_array_equal(out[:8], msgs[:8])
+
+
 @pytest.mark.parametrize("q", [0.1, 0.2, 0.35, 0.5])
 def test_edge_radius_is_the_largest_distance_inside_the_quantile_ball(q):
   """Byzantine points at the edge radius are inside the defender's q-quantile
