@@ -256,3 +256,31 @@ def test_threshold_objective_divides_by_the_byzantine_count():
   byzantine = jnp.array([False, False, True, True])
   np.testing.assert_allclose(objective(attacked, honest, byzantine), 5.0,
                              rtol=1e-6)
+
+
+def test_fang_krum_takes_its_first_lambda_at_a_tiny_scale():
+  """Benign rows (+-1, +-1) and (3, 3) over 10,000 coordinates (the rest
+  0), one Byzantine row: Krum (f = 1) picks the Byzantine row at the first
+  lam tried, Fang's bound lam0 (NumPy), so -lam0 * sign(mu) is sent, and
+  at 1e-18 times the scale 1e-18 times that: lam0 is then 6.5e-20, whose
+  square (4e-39) float32 flushes to 0 on CPU, while every squared distance
+  the attack and Krum use (about 1e-36 and up) is kept. Seen to fail when
+  the search's "not found" start is `-1.0 * lam0 * lam0` (session 15's
+  sampled survivor attacks #217): it is then -0.0, `found < 0` never
+  holds and the last lam, lam0 / 8, is sent; `-1.0 * lam0 / lam0` is -1
+  at every positive finite lam0."""
+  d = 10_000
+  benign = np.zeros((5, d))
+  benign[:, :2] = [[1.0, 1.0], [-1.0, 1.0], [1.0, -1.0], [-1.0, -1.0],
+                   [3.0, 3.0]]
+  msgs = np.zeros((6, d))
+  msgs[:5] = benign
+  msgs[5, :2] = 9.0
+  byz = jnp.array([False] * 5 + [True])
+  attack = jax.jit(prfl.attacks.fang_krum(1, halvings=4))
+  want = -_fang_krum_bound(benign) * np.sign(benign.mean(0))
+  for scale in (1.0, 1e-18):
+    out = attack(jnp.asarray(msgs * scale, jnp.float32), byz,
+                 jax.random.key(0))
+    np.testing.assert_allclose(out[5], want * scale, rtol=1e-5,
+                               atol=1e-7 * scale)
