@@ -518,7 +518,8 @@ def test_trimmed_mean_and_meamed_normalise_weights_that_sum_below_one():
   fail when `_ranked_mean` divides by the kept weight only above 1
   (`where(total > 0, total, 1.0)` -> `total > 1`, session 15's sampled
   survivor aggregators #83: 0.375 for both; the other tests' kept weights
-  summed to 1 or more)."""
+  summed to 1 or more), or gives 0 unless it is above 1 (the outer `total >
+  0` -> `total > 1`, #79: 0 for both)."""
   x = jnp.array([[0.0], [1.0], [2.0], [10.0]])
   for weight in (1.0, 0.125):
     w = jnp.full(4, weight)
@@ -621,3 +622,18 @@ def test_caf_stops_when_the_weights_total_reaches_n_minus_2f():
   rule = jax.jit(aggregators.caf(1))
   for scale in (1.0, 2.0):
     np.testing.assert_allclose(rule(scale * x), [0.0], atol=1e-6)
+
+
+def test_trimmed_mean_takes_a_number_in_zero_to_one_half():
+  """0 and 0.25 are accepted (built here, not at import), a string, a bool
+  and 0.5 are refused with ValueError. Seen to fail when the type check is
+  inverted (`not isinstance(trim_fraction, (int, float))` -> `isinstance`,
+  session 15's sampled survivor aggregators #87: 0.25 is refused and a
+  string reaches the range check's `<`, a TypeError; the other tests build
+  `trimmed_mean(0.25)` when their module is imported, before the in-process
+  tool swaps the code in)."""
+  aggregators.trimmed_mean(0)
+  aggregators.trimmed_mean(0.25)
+  for bad in ("0.1", True, 0.5):
+    with pytest.raises(ValueError, match="trim_fraction"):
+      aggregators.trimmed_mean(bad)
