@@ -637,3 +637,47 @@ def test_trimmed_mean_takes_a_number_in_zero_to_one_half():
   for bad in ("0.1", True, 0.5):
     with pytest.raises(ValueError, match="trim_fraction"):
       aggregators.trimmed_mean(bad)
+
+
+def test_cap_duplicates_keeps_a_zero_row_after_an_absent_one():
+  """An absent row (weight 0) comes out as a zero row, but it is not a
+  message: a present zero row after it keeps its weight (rows (5, 5) absent,
+  (0, 0), (1, 0): weights 0, 1, 1). Seen to fail when the earlier row's
+  presence is replaced by the later row's (`present[None, :]` ->
+  `present[:, None]` in `cap_duplicates`, session 15's sampled survivor
+  aggregators #272: the zero row is dropped as a copy of the absent one;
+  only an exactly zero present row is within the tolerance of a zeroed
+  absent row, and no other test had one)."""
+  x = jnp.array([[5.0, 5.0], [0.0, 0.0], [1.0, 0.0]])
+  _, got = jax.jit(aggregators.cap_duplicates())({"x": x},
+                                                 jnp.array([0.0, 1.0, 1.0]))
+  np.testing.assert_array_equal(got, [0.0, 1.0, 1.0])
+
+
+def test_dnc_allows_no_byzantine_client():
+  """f = 0 is a valid DnC: no row is removed, the mean of 0, 1, 2, 3, 100
+  is 21.2; f = -1 is refused. Seen to fail when f must be at least 1
+  (`minimum=0` -> `1` in `dnc`, session 15's sampled survivor aggregators
+  #441: the other tests use f >= 1)."""
+  x = jnp.array([[0.0], [1.0], [2.0], [3.0], [100.0]])
+  np.testing.assert_allclose(jax.jit(aggregators.dnc(0))(x), [21.2],
+                             rtol=1e-6)
+  with pytest.raises(ValueError, match="num_byzantine"):
+    aggregators.dnc(-1)
+
+
+def test_dnc_draws_distinct_coordinates_per_pass():
+  """Rows (3, 3, 3) and (0, 0, 4) among three near 0, f = 1, 2 of the 3
+  coordinates per pass: every pair of distinct coordinates scores (3, 3, 3)
+  highest (a NumPy SVD: 5.85 against 3.85 on the pair (0, 2)), so over 50
+  passes only it is removed: mean (0, -0.125, 1.125). Seen to fail when
+  the coordinates are drawn with replacement (`replace=False` -> `True` in
+  `dnc`, session 15's sampled survivor aggregators #459): a pass that draws
+  coordinate 2 twice scores (0, 0, 4) highest (6.25 against 2.25), and it
+  is removed too, (0, -1/6, 1/6); the other tests draw one coordinate per
+  pass, or rows that are all alike."""
+  x = jnp.array([[3.0, 3.0, 3.0], [0.0, 0.0, 4.0], [0.0, 0.0, 0.0],
+                 [0.5, -0.5, 0.0], [-0.5, 0.0, 0.5]])
+  rule = aggregators.dnc(1, num_iters=50, subsample_dim=2)
+  got = jax.jit(lambda m, k: rule(m, key=k))(x, jax.random.key(0))
+  np.testing.assert_allclose(got, [0.0, -0.125, 1.125], atol=1e-6)
