@@ -245,6 +245,26 @@ def test_default_keeps_the_two_true_clusters_where_the_paper_collapses():
   assert finals["default"][:, 3].mean() < 0.5 * finals["paper"][:, 3].mean()
 
 
+def test_separation_stats_count_only_the_benign_momenta():
+  """Optima 0, 2 (true cluster 0) and 10, 30 (cluster 1), client 3
+  Byzantine and sending its own momentum, alpha 1, x = 0: the momenta are
+  0, -2, -10, -30, and the diagnostics count clients 0-2 only: cluster
+  means -1 and -10, spreads 1 and 0 (sep_spread 1, sep_delta 9). Seen to
+  fail with the Byzantine client counted instead (session 15's sampled
+  survivor algorithms #410, `~state.byzantine` -> `state.byzantine`:
+  cluster 0 has no point: sep_spread 0, sep_delta inf); no test read these
+  diagnostics."""
+  alg = prfl.algorithms.momentum_clustering(
+      shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=1.0,
+      alpha=1.0, true_clusters=np.array([0, 0, 1, 1]), **PAPER)
+  state = alg.init(jnp.zeros((4, 1)),
+                   byzantine=jnp.array([False, False, False, True]))
+  _, metrics = jax.jit(alg.step)(state, jnp.array([0.0, 2.0, 10.0, 30.0])[
+      :, None, None], jax.random.key(0))
+  np.testing.assert_allclose(metrics["sep_spread"], 1.0, rtol=1e-6)
+  np.testing.assert_allclose(metrics["sep_delta"], 9.0, rtol=1e-6)
+
+
 def test_bias_correction_rescales_what_is_clustered_not_the_step():
   """alpha = 0.5, clients at gradients 0 and -10 (each its own cluster,
   radius 0): round 1 momenta are 0.5 g, bias-corrected g. The centres hold
