@@ -67,6 +67,13 @@ def test_dead_centres_coincide_within_rtol_of_the_larger_norm():
       {"w": jnp.array([[10.0, 0.0], [6.0, 0.0]])}, jnp.array([0, 1]),
       rtol=0.5)
   np.testing.assert_array_equal(far, [False, True])
+  # The larger norm also when it is the higher centre's: (6, 0) and (10, 0)
+  # (#418 at 9158dc9, session 15: `norms[None, :]` for `norms[:, None]`
+  # compared with the lower centre's norm, 0.5 x 6 < 4: both live).
+  far = jax.jit(dead_centers, static_argnames="rtol")(
+      {"w": jnp.array([[6.0, 0.0], [10.0, 0.0]])}, jnp.array([0, 1]),
+      rtol=0.5)
+  np.testing.assert_array_equal(far, [False, True])
 
 
 def test_momentum_clustering_momentum_weights_alpha_and_one_minus_alpha():
