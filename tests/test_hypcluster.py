@@ -37,6 +37,9 @@ def test_two_rounds_match_numpy():
     np.testing.assert_allclose(state.params, models[a], rtol=1e-6)
     np.testing.assert_allclose(metrics["loss"], losses.min(0).mean(),
                                rtol=1e-6)
+    # Rounds done (a resumed run starts there). Seen to fail with `round +
+    # 2` (session 15's sampled survivor algorithms #169: 2 after one round).
+    assert int(state.round) == r + 1
   assert state.models[2] == 100.0
 
 
