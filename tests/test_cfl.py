@@ -96,6 +96,21 @@ def test_split_conditions():
     np.testing.assert_array_equal(state.clusters, 0)
 
 
+def test_no_split_when_the_largest_update_norm_equals_eps2():
+  """Targets (s, 0) twice, (-s, 0) twice and 0, SGD 0.5 from 0: updates of
+  norm s / 2 (and 0), mean 0, eps2 = 1. The split needs a norm above eps2:
+  none at s = 2 (norms exactly 1), two clusters at s = 4. Seen to fail with
+  `max_norms >= eps2` (session 15's sampled survivor algorithms #267: a
+  split at s = 2); no test had an update norm equal to eps2."""
+  alg = cfl(quadratic, optax.sgd(0.5), eps1=0.1, eps2=1.0, max_clusters=4)
+  step = jax.jit(alg.step)
+  for s, count in ((2.0, 1), (4.0, 2)):
+    batch = jnp.array([[s, 0.0], [s, 0.0], [-s, 0.0], [-s, 0.0],
+                       [0.0, 0.0]])[:, None, :]
+    state, _ = step(alg.init(jnp.zeros((5, 2))), batch, jax.random.PRNGKey(0))
+    assert int(state.num_clusters) == count, s
+
+
 
 def test_warmup_counts_the_rounds_done():
   """`warmup_rounds=2` on the stationary federation of
