@@ -284,3 +284,22 @@ def test_fang_krum_takes_its_first_lambda_at_a_tiny_scale():
                  jax.random.key(0))
     np.testing.assert_allclose(out[5], want * scale, rtol=1e-5,
                                atol=1e-7 * scale)
+
+
+def test_fang_krum_bound_counts_two_byzantine_rows():
+  """Fang et al.'s bound with c = 2 Byzantine rows of n = 7: each benign
+  row's n - c - 2 = 3 nearest benign distances over (n - 2c - 1) sqrt(d) =
+  2 sqrt(2), plus the largest benign norm over sqrt(2) (NumPy: 4.354);
+  with one halving the search returns it. Seen to fail when the
+  denominator's 2c is 2 / c (session 15's sampled survivor attacks #200:
+  5 sqrt(2) in the denominator, 3.541); every other test had c = 1, where
+  2 * c = 2 / c."""
+  benign = np.array([[1.0, 2.0], [2.0, 1.0], [0.0, 3.0], [3.0, 3.0],
+                     [1.0, 1.0]])
+  msgs = jnp.asarray(np.vstack([benign, [[9.0, 9.0], [8.0, 7.0]]]))
+  byz = jnp.array([False] * 5 + [True] * 2)
+  out = jax.jit(prfl.attacks.fang_krum(2, halvings=1))(msgs, byz,
+                                                       jax.random.key(0))
+  want = -_fang_krum_bound(benign, c=2) * np.sign(benign.mean(0))
+  np.testing.assert_allclose(out[5:], [want, want], rtol=1e-5)
+  np.testing.assert_array_equal(out[:5], benign)
