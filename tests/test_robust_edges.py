@@ -681,3 +681,19 @@ def test_dnc_draws_distinct_coordinates_per_pass():
   rule = aggregators.dnc(1, num_iters=50, subsample_dim=2)
   got = jax.jit(lambda m, k: rule(m, key=k))(x, jax.random.key(0))
   np.testing.assert_allclose(got, [0.0, -0.125, 1.125], atol=1e-6)
+
+
+def test_arc_allows_f_up_to_n():
+  """ARC needs only f <= N (k = floor(2 f (n - f) / n) is then a count of
+  rows): norms 1, 2, 10 with f = 2 clip k = 1 row, the 10, to the second
+  largest norm, 2; f = 3 clips none; f = 4 is refused. Seen to fail when
+  the check is f < N - 1 (`n + 1` -> `n - 1` in `arc`, session 15's sampled
+  survivor aggregators #246: f = 2 and 3 refused; the other tests use f <
+  N / 2)."""
+  x = jnp.array([[1.0, 0.0], [0.0, 2.0], [6.0, 8.0]])
+  for f, expected in ((2, [[1.0, 0.0], [0.0, 2.0], [1.2, 1.6]]),
+                      (3, [[1.0, 0.0], [0.0, 2.0], [6.0, 8.0]])):
+    out, _ = jax.jit(aggregators.arc(f))(x)
+    np.testing.assert_allclose(out, expected, rtol=1e-6)
+  with pytest.raises(ValueError, match="num_byzantine"):
+    aggregators.arc(4)(x)
