@@ -697,3 +697,18 @@ def test_arc_allows_f_up_to_n():
     np.testing.assert_allclose(out, expected, rtol=1e-6)
   with pytest.raises(ValueError, match="num_byzantine"):
     aggregators.arc(4)(x)
+
+
+def test_mean_shift_cluster_ties_go_to_the_lowest_present_point():
+  """Groups 0, 0.1, 0.2 (rows 1-3) and 5, 5.1, 5.2 (rows 4-6) with an
+  absent row 0 at 5.1, quantile 0.34: h = 1/6, each group climbs to its
+  mean, and the two clusters tie at 3; the tie goes to the lower present
+  row, so rows 1-3. Seen to fail when an absent point's mode counts as a
+  candidate (`present[:, None]` -> `present[None, :]` in the cluster
+  mask, session 15's sampled survivor aggregators #337: row 0 climbs to
+  5.1, also sees 3 modes, and wins the tie by index: rows 4-6)."""
+  x = jnp.array([[5.1], [0.0], [0.1], [0.2], [5.0], [5.1], [5.2]])
+  present = jnp.array([False] + [True] * 6)
+  got = jax.jit(signs.largest_mean_shift_cluster, static_argnums=(2, 3))(
+      x, present, 0.34, 5)
+  np.testing.assert_array_equal(got, [False] + [True] * 3 + [False] * 3)
