@@ -224,6 +224,23 @@ def test_myopic_default_separation_is_the_radius():
     assert metrics["num_clusters"] == 2
 
 
+def test_myopic_default_separation_is_zero_with_a_radius_per_centre():
+  """Gradients -0.1 and -0.12, radius 0.01 per centre (an array), K = 2:
+  the default separation is then 0, so farthest-first opens both centres
+  and each ball holds only its own gradient: two clusters. Seen to fail
+  when a non-callable radius of any shape counted as a scalar (session
+  15's sampled survivor algorithms #285, `and` -> `or` in the default's
+  test: `float` of the array raised); every test with a radius array gave
+  its separation."""
+  batch = jnp.array([[0.1], [0.12]])
+  alg = myopic_clustering(quadratic, optax.sgd(1.0), num_clusters=2,
+                          radius=jnp.array([0.01, 0.01]))
+  step = jax.jit(alg.step)
+  for seed in range(3):
+    _, metrics = step(alg.init(jnp.zeros(2)), batch, jax.random.key(seed))
+    assert metrics["num_clusters"] == 2
+
+
 def test_random_init_adds_noise_of_standard_deviation_init_scale():
   """IFCA's and HypCluster's random init: client 1's params (3; client 0's
   are NaN) plus init_scale = 0.01 times standard Gaussian noise, 4 x 500
