@@ -126,6 +126,34 @@ def test_mix_groups_shuffles_partners_within_a_block():
     assert all(len(set(clusters[m].tolist())) == 2 for m in mixed)
 
 
+def test_sketch_is_a_linear_projection_that_keeps_squared_distances():
+  """Three models (a 10 x 3 leaf and a 5-vector leaf: 35 coordinates), the
+  first all zero, projected to 2,048 coordinates: the zero model's sketch
+  is exactly 0 (a linear map of the models), and the squared distance of
+  the other two sketches is theirs within 10% (Johnson-Lindenstrauss:
+  `E ||s_i - s_j||^2 = ||x_i - x_j||^2`, relative standard deviation
+  sqrt(2 / 2048) = 3% here). Seen to fail with `out * sqrt(dim)` for
+  `out / sqrt(dim)` (session 15's sampled survivor algorithms #491:
+  distances 2048^2 times too large; the grouping reads only the order of
+  the distances, which that keeps) and with the sum started at 1 (#489 at
+  9158dc9, not yet sampled: every sketch shifted by 1 / sqrt(dim)). A
+  sign flip of every sketch (#490, `out + ...` -> `out - ...`) keeps
+  both, and the grouping's distances bit for bit: equivalent."""
+  rng = np.random.default_rng(0)
+  params = {"a": jnp.asarray(rng.normal(size=(3, 10, 3)), jnp.float32),
+            "b": jnp.asarray(rng.normal(size=(3, 5)), jnp.float32)}
+  params = jax.tree.map(lambda x: x.at[0].set(0.0), params)
+  s = jax.jit(fc_groups.sketch, static_argnums=2)(params, jax.random.key(0),
+                                                  2048)
+  assert s.shape == (3, 2048)
+  np.testing.assert_array_equal(s[0], 0.0)
+  flat = np.concatenate([np.asarray(x).reshape(3, -1)
+                         for x in jax.tree.leaves(params)], axis=1)
+  want = np.sum((flat[1] - flat[2]) ** 2)
+  got = np.sum(np.square(np.asarray(s[1]) - np.asarray(s[2])))
+  np.testing.assert_allclose(got, want, rtol=0.1)
+
+
 def test_nearest_neighbour_chain_by_hand():
   """Points 0, 10, 1, 11 on a line: 0 -> 1 -> 10 -> 11."""
   x = jnp.array([0.0, 10.0, 1.0, 11.0])
