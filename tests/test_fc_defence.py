@@ -180,6 +180,32 @@ def test_cap_balls_never_counts_an_absent_senders_message():
     np.testing.assert_array_equal(allowed, np.ones((4, 4), bool))
 
 
+def test_cap_balls_caps_at_the_median_of_odd_and_even_counts():
+  """The cap is the median count itself, not the smallest or a neighbour:
+  three present senders in 1, 3, 3 balls (median 3: nobody over the cap,
+  every message allowed everywhere) and four in 1, 1, 3, 3 (median 2:
+  senders 2 and 3 keep their own ball and one of their other two; 0 and 1
+  are allowed everywhere). Seen to fail with `(num - 2) // 2` for the
+  lower middle index (session 15's sampled survivor algorithms #557: the
+  same index for an even count; for 1, 3, 3 it reads 1 and 3, median 2),
+  with `(num + 1) // 2` (#556 at 9158dc9, not yet sampled: median 3 of 1,
+  1, 3, 3) and with the smallest count (#549, which other tests kill);
+  the tests above had only even counts with equal middle values."""
+  cap = jax.jit(fc_defence.cap_balls)
+  odd = np.array([[1, 1, 1], [0, 1, 1], [0, 1, 1]], bool)  # Models x senders.
+  even = np.array([[1, 0, 1, 0], [0, 1, 0, 1], [0, 0, 1, 1], [0, 0, 1, 1]],
+                  bool)
+  for seed in range(3):
+    key = jax.random.key(seed)
+    allowed = cap(jnp.asarray(odd), jnp.ones(3), 1.0, key)
+    np.testing.assert_array_equal(allowed, np.ones((3, 3), bool))
+    allowed = np.asarray(cap(jnp.asarray(even), jnp.ones(4), 1.0, key))
+    np.testing.assert_array_equal(allowed[:, :2], np.ones((4, 2), bool))
+    np.testing.assert_array_equal(allowed[:, 2:].sum(axis=0), [2, 2])
+    assert allowed[2, 2] and allowed[3, 3]
+    np.testing.assert_array_equal(allowed[:, 2:] & ~even[:, 2:], False)
+
+
 @pytest.mark.parametrize("name", ["jittered_ipm", "spread_edge"])
 def test_ball_cap_holds_where_cap_duplicates_does_not(name):
   """Untied attacks (IPM with every row jittered by 1% of its norm; the
