@@ -303,3 +303,24 @@ def test_fang_krum_bound_counts_two_byzantine_rows():
   want = -_fang_krum_bound(benign, c=2) * np.sign(benign.mean(0))
   np.testing.assert_allclose(out[5:], [want, want], rtol=1e-5)
   np.testing.assert_array_equal(out[:5], benign)
+
+
+@pytest.mark.parametrize("f", [3, 4])
+def test_alie_default_z_stays_finite_for_a_byzantine_majority(f):
+  """N = 5 and f = 3 or 4 Byzantine clients: s = floor(5/2 + 1) - f is 0
+  or -1, so (N - s) / N is 1 or 1.2 and is clipped to 1 - 1e-6: z =
+  Phi^{-1}(1 - 1e-6) = 4.75, and the Byzantine rows are mu - z sd of the
+  benign rows (1 and 3: 2 - 4.75; one benign row: sd 0, the row itself).
+  Seen to fail when the clip's upper end is 2 - 1e-6 (session 15's sampled
+  survivor attacks #23: z = Phi^{-1}(1) = inf, or NaN past 1); every other
+  test had a benign majority."""
+  messages = jnp.array([[1.0], [3.0], [0.0], [0.0], [0.0]])
+  if f == 4:
+    messages = messages.at[1].set(0.0)
+  byzantine = jnp.arange(5) >= 5 - f
+  out = np.asarray(jax.jit(prfl.attacks.alie())(messages, byzantine,
+                                                jax.random.key(0)))
+  z = stats.norm.ppf(np.float32(1 - 1e-6))  # 4.7508 at float32's 1 - 1e-6
+  want = 2.0 - z if f == 3 else 1.0
+  np.testing.assert_allclose(out[5 - f:, 0], want, rtol=1e-4)
+  np.testing.assert_array_equal(out[:5 - f], messages[:5 - f])
