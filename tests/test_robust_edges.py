@@ -631,7 +631,8 @@ def test_trimmed_mean_takes_a_number_in_zero_to_one_half():
   session 15's sampled survivor aggregators #87: 0.25 is refused and a
   string reaches the range check's `<`, a TypeError; the other tests build
   `trimmed_mean(0.25)` when their module is imported, before the in-process
-  tool swaps the code in)."""
+  tool swaps the code in), and when the range starts at 1 (`0 <=
+  trim_fraction` -> `1 <=`, #89: 0 and 0.25 refused)."""
   aggregators.trimmed_mean(0)
   aggregators.trimmed_mean(0.25)
   for bad in ("0.1", True, 0.5):
@@ -712,3 +713,18 @@ def test_mean_shift_cluster_ties_go_to_the_lowest_present_point():
   got = jax.jit(signs.largest_mean_shift_cluster, static_argnums=(2, 3))(
       x, present, 0.34, 5)
   np.testing.assert_array_equal(got, [False] + [True] * 3 + [False] * 3)
+
+
+def test_centered_clipping_normalises_weights_that_sum_below_one():
+  """Points 0, 1, 2, 10 with a radius nothing reaches (100) and one
+  iteration from the median 1.5: CC is the weighted mean, 3.25, at weights
+  1 and at weights 1/8 (total 1/2). Seen to fail when the weights are
+  normalised only above a total of 1 (`where(total > 0, ...)` -> `total >
+  1` in `centered_clipping`, session 15's sampled survivor aggregators
+  #122: 1.5 + (13 - 6) / 8 = 2.375; the other tests' weights summed to 1
+  or more)."""
+  x = jnp.array([[0.0], [1.0], [2.0], [10.0]])
+  rule = jax.jit(aggregators.centered_clipping(100.0, 1))
+  for weight in (1.0, 0.125):
+    np.testing.assert_allclose(rule(x, jnp.full(4, weight)), [3.25],
+                               rtol=1e-6)
