@@ -397,7 +397,8 @@ def test_arc_leaves_a_row_at_the_threshold_alone_even_at_infinite_norm():
   fail when rows at the threshold are rescaled too (`norms > threshold` ->
   `>=` in `_clip_to`, session 15's sampled survivor aggregators #206:
   inf / inf turns that row into NaN). For finite norms the two agree, as
-  x / x is exactly 1 and a float32 norm is 0 or above 1e-30."""
+  x / x is exactly 1 and a float32 norm is 0 or above 1e-30. Also fails
+  when ARC refuses f = 0 (`minimum=0` -> `1`, #245)."""
   x = jnp.array([[3e19, 0.0], [1.0, 2.0], [0.0, -4.0]])
   out, w = jax.jit(aggregators.arc(0))(x)
   np.testing.assert_array_equal(out, x)
@@ -728,3 +729,16 @@ def test_centered_clipping_normalises_weights_that_sum_below_one():
   for weight in (1.0, 0.125):
     np.testing.assert_allclose(rule(x, jnp.full(4, weight)), [3.25],
                                rtol=1e-6)
+
+
+def test_cap_duplicates_at_tolerance_zero_drops_exact_copies_only():
+  """Tolerance 0: a row equal to an earlier one is within 0 of it and is
+  dropped, a row 1e-3 away is kept (rows (1, 0), (1, 0), (1, 0.001), (0,
+  2): weights 1, 0, 1, 1). Seen to fail when the tie needs a distance
+  strictly below the tolerance (`d <= ...` -> `d < ...`, session 15's
+  sampled survivor aggregators #266: nothing is below 0, so the copy is
+  kept; the other tests' tolerances were positive, where exact copies are
+  strictly inside)."""
+  x = jnp.array([[1.0, 0.0], [1.0, 0.0], [1.0, 0.001], [0.0, 2.0]])
+  _, got = jax.jit(aggregators.cap_duplicates(0.0))({"x": x}, jnp.ones(4))
+  np.testing.assert_array_equal(got, [1.0, 0.0, 1.0, 1.0])
