@@ -742,3 +742,16 @@ def test_cap_duplicates_at_tolerance_zero_drops_exact_copies_only():
   x = jnp.array([[1.0, 0.0], [1.0, 0.0], [1.0, 0.001], [0.0, 2.0]])
   _, got = jax.jit(aggregators.cap_duplicates(0.0))({"x": x}, jnp.ones(4))
   np.testing.assert_array_equal(got, [1.0, 0.0, 1.0, 1.0])
+
+
+def test_mean_shift_leaves_a_point_with_no_neighbour_where_it_is():
+  """Points 0.9, 1.0, 1.1 and 2.0 at quantile 0.5: h = (0.2 + 0.1 + 0.2 +
+  1.0) / 4 = 0.375, so 2.0 has no other point within h and its mode, the
+  mean of itself alone, stays at 2.0; the three others climb to 1.0 and
+  are the cluster. Seen to fail when the neighbour count is floored at 2
+  (`maximum(sum(near), 1)` -> `2`, session 15's sampled survivor
+  aggregators #323: a lone point's mode moves halfway to the origin, here
+  to 1.0, and joins the cluster)."""
+  got = jax.jit(signs.largest_mean_shift_cluster, static_argnums=(2, 3))(
+      jnp.array([[0.9], [1.0], [1.1], [2.0]]), jnp.ones(4, bool), 0.5, 5)
+  np.testing.assert_array_equal(got, [True, True, True, False])
