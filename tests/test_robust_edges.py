@@ -755,3 +755,18 @@ def test_mean_shift_leaves_a_point_with_no_neighbour_where_it_is():
   got = jax.jit(signs.largest_mean_shift_cluster, static_argnums=(2, 3))(
       jnp.array([[0.9], [1.0], [1.1], [2.0]]), jnp.ones(4, bool), 0.5, 5)
   np.testing.assert_array_equal(got, [True, True, True, False])
+
+
+def test_caf_counts_each_pass_towards_max_iters_once():
+  """Points 0, 0, 0, 1, 10 with f = 1: the first pass's squared
+  projections (2.2 - x)^2 leave weights 56, 56, 56, 59.4, 0 (over 60.84);
+  their total, 3.74, is still above n - 2 f = 3, so with `max_iters=2` a
+  second pass runs, and its eigenvalue is the smaller: CAF returns the
+  reweighted mean 59.4 / 227.4 (the first pass alone gives the mean 2.2).
+  Seen to fail when a pass counts twice (`it + 1` -> `it + 2`, session 15's
+  sampled survivor aggregators #435: `max_iters=2` stops after one pass,
+  2.2; `test_caf_makes_at_most_max_iters_passes` uses 1, where one pass is
+  made either way)."""
+  x = jnp.array([[0.0], [0.0], [0.0], [1.0], [10.0]])
+  np.testing.assert_allclose(jax.jit(aggregators.caf(1, max_iters=2))(x),
+                             [59.4 / 227.4], rtol=1e-5)
