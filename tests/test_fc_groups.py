@@ -161,6 +161,31 @@ def test_nearest_neighbour_chain_by_hand():
   np.testing.assert_array_equal(order, [0, 2, 1, 3])
 
 
+def test_nearest_neighbour_chain_steps_from_the_point_it_reached():
+  """Points 0, 1, 5, 6, -4 on a line: 0 -> 1 -> 5 -> 6 -> -4 (from 1, 5 is
+  nearer than -4; from 0 it would not be). Seen to fail when each step
+  starts from the point before the last (session 15's sampled survivor
+  algorithms #494, `order[t - 1]` -> `order[t - 2]`: 0 -> 1 -> -4); in the
+  case above both starts reach the same points."""
+  x = jnp.array([0.0, 1.0, 5.0, 6.0, -4.0])
+  order = jax.jit(fc_groups.nearest_neighbour_chain)(
+      (x[:, None] - x[None]) ** 2)
+  np.testing.assert_array_equal(order, [0, 1, 2, 3, 4])
+
+
+def test_nearest_neighbour_chain_visits_a_point_only_nan_reaches():
+  """Point 2's distances are all NaN (+inf): the chain 0 -> 1 has only
+  infinite distances left and takes the first unvisited point, 2, so the
+  order stays a permutation. Seen to fail with the first visited point
+  taken instead (session 15's sampled survivor algorithms #498,
+  `argmin(visited)` -> `argmax(visited)`: 0 -> 1 -> 0); no test had a
+  non-finite distance."""
+  sq = jnp.array([[0.0, 1.0, jnp.nan], [1.0, 0.0, jnp.nan],
+                  [jnp.nan, jnp.nan, 0.0]])
+  order = jax.jit(fc_groups.nearest_neighbour_chain)(sq)
+  np.testing.assert_array_equal(order, [0, 1, 2])
+
+
 def test_from_slots_points_padding_at_client_zero():
   """Five clients in two groups of three: the padding slot (its table entry
   7 is ignored) points at client 0 with weight 0, as `Groups` documents
