@@ -324,3 +324,20 @@ def test_alie_default_z_stays_finite_for_a_byzantine_majority(f):
   want = 2.0 - z if f == 3 else 1.0
   np.testing.assert_allclose(out[5 - f:, 0], want, rtol=1e-4)
   np.testing.assert_array_equal(out[:5 - f], messages[:5 - f])
+
+
+def test_min_max_unit_direction_has_length_one_for_a_short_mean():
+  """Benign rows (3.1, 0) and (-2.9, 0): mean (0.1, 0), of norm 0.1, and
+  largest squared distance 36; along the unit direction -mu / ||mu|| =
+  (-1, 0) the bad row's farthest benign row, (3.1, 0), is 3 + gamma away,
+  so gamma = 3 (inside the search's (0, 20)) and the row is (-2.9, 0).
+  Seen to fail when the norm is floored at 1 instead of 1e-30 (session
+  15's sampled survivor attacks #282: the direction is -mu, of length 0.1,
+  and gamma stops near 20: (-1.9, 0)); the other test's mean had norm
+  0.28, where the bound's gamma, 9.6, was still inside the search."""
+  messages = jnp.array([[3.1, 0.0], [-2.9, 0.0], [7.0, 7.0]])
+  byzantine = jnp.array([False, False, True])
+  out = jax.jit(prfl.attacks.min_max("unit"))(messages, byzantine,
+                                              jax.random.key(0))
+  np.testing.assert_allclose(out[2], [-2.9, 0.0], atol=1e-5)
+  np.testing.assert_array_equal(out[:2], messages[:2])
