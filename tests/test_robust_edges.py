@@ -723,7 +723,9 @@ def test_centered_clipping_normalises_weights_that_sum_below_one():
   normalised only above a total of 1 (`where(total > 0, ...)` -> `total >
   1` in `centered_clipping`, session 15's sampled survivor aggregators
   #122: 1.5 + (13 - 6) / 8 = 2.375; the other tests' weights summed to 1
-  or more)."""
+  or more), and when short differences are stretched up to twice their
+  length (`minimum(1.0, radius / norm)` -> `minimum(2.0, ...)`, #127: 5.0;
+  the reference test's differences all reach its radius)."""
   x = jnp.array([[0.0], [1.0], [2.0], [10.0]])
   rule = jax.jit(aggregators.centered_clipping(100.0, 1))
   for weight in (1.0, 0.125):
@@ -770,3 +772,32 @@ def test_caf_counts_each_pass_towards_max_iters_once():
   x = jnp.array([[0.0], [0.0], [0.0], [1.0], [10.0]])
   np.testing.assert_allclose(jax.jit(aggregators.caf(1, max_iters=2))(x),
                              [59.4 / 227.4], rtol=1e-5)
+
+
+def test_caf_returns_the_pass_of_least_eigenvalue_not_the_last():
+  """Points (1, 1), (-1, 1) twice, (1, -1), (-1, -1), f = 1: the first
+  pass's top eigenvalue is 1.12 (covariance [[0.96, -0.16], [-0.16,
+  0.96]]), the second's, after down-weighting (1, -1) to 0, 1.27; the
+  weights' total is then 1.11 < 3 and the loop ends. CAF returns the first
+  pass's mean, (-0.2, 0.2) (as the NumPy reference). Seen to fail when the
+  least eigenvalue is not recorded (`where(better, lam, best_lam)` ->
+  `where(better, best_lam, lam)`, session 15's sampled survivor
+  aggregators #421: it stays inf, every pass is "better", and the last
+  pass's mean (-4/11, 4/11) is returned; the other tests' eigenvalues fell
+  pass by pass)."""
+  x = jnp.array([[1.0, 1.0], [-1.0, 1.0], [-1.0, 1.0], [1.0, -1.0],
+                 [-1.0, -1.0]])
+  np.testing.assert_allclose(jax.jit(aggregators.caf(1))(x), [-0.2, 0.2],
+                             rtol=1e-5)
+
+
+def test_monna_with_no_present_row_gives_zero():
+  """Every weight 0: no row is a neighbour and MoNNA returns 0, as the
+  other rules do. Seen to fail when the neighbours' total is divided by
+  also at 0 (`where(total > 0, total, 1.0)` -> `total >= 0` in
+  `neighbour_means`, session 15's sampled survivor aggregators #188: 0 / 0,
+  NaN; the all-absent test covers the rules of `test_aggregators.py`
+  only)."""
+  got = jax.jit(aggregators.monna(1))(jnp.arange(8.0).reshape(4, 2),
+                                      jnp.zeros(4))
+  np.testing.assert_array_equal(got, [0.0, 0.0])
