@@ -801,3 +801,17 @@ def test_monna_with_no_present_row_gives_zero():
   got = jax.jit(aggregators.monna(1))(jnp.arange(8.0).reshape(4, 2),
                                       jnp.zeros(4))
   np.testing.assert_array_equal(got, [0.0, 0.0])
+
+
+def test_dnc_with_subsample_dim_equal_to_the_dimension_needs_no_key():
+  """`subsample_dim` = P takes every coordinate, as None does: no random
+  draw, so no key, and the rows of the weights-below-one DnC test give the
+  same (10, 10.025). Seen to fail when a subsample of
+  all P coordinates is still drawn (`subsample_dim < size` -> `<=` in
+  `dnc`, session 15's sampled survivor aggregators #447: ValueError asking
+  for a key; the other tests' subsamples were below P)."""
+  x = jnp.array([[10.0, 10.0], [10.1, 10.0], [10.0, 10.1], [9.9, 10.0],
+                 [10.0, 0.0]])
+  np.testing.assert_allclose(
+      jax.jit(aggregators.dnc(1, subsample_dim=2))(x), [10.0, 10.025],
+      rtol=1e-6)
