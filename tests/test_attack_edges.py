@@ -341,3 +341,21 @@ def test_min_max_unit_direction_has_length_one_for_a_short_mean():
                                               jax.random.key(0))
   np.testing.assert_allclose(out[2], [-2.9, 0.0], atol=1e-5)
   np.testing.assert_array_equal(out[:2], messages[:2])
+
+
+@pytest.mark.parametrize("use_sum", [False, True])
+def test_min_max_sends_the_benign_mean_when_no_gamma_fits(use_sum):
+  """Benign rows -1 and 1 (mean 0, sd 1; largest squared distance and
+  largest row sum of them both 4), one search step at gamma_init 10: the
+  bad row 0 - 10 * 1 is 9 and 11 from the benign rows (81 and 121 squared),
+  past either bound, so no gamma is accepted and gamma stays 0: the
+  Byzantine row is the benign mean, 0.
+  Seen to fail when the accepted gamma starts at gamma_init instead of 0
+  (session 15's sampled survivor attacks #325: -10 sent); in every other
+  test some gamma was accepted, which overwrites the start."""
+  attack = prfl.attacks.min_sum if use_sum else prfl.attacks.min_max
+  messages = jnp.array([[-1.0], [1.0], [5.0]])
+  byzantine = jnp.array([False, False, True])
+  out = jax.jit(attack(gamma_init=10.0, steps=1))(messages, byzantine,
+                                                  jax.random.key(0))
+  np.testing.assert_array_equal(out, [[-1.0], [1.0], [0.0]])
