@@ -36,6 +36,18 @@ def test_cosine_similarity_of_short_vectors():
       [[1, 0, r, 0], [0, 1, r, 0], [r, r, 1, 0], [0, 0, 0, 0]], atol=1e-6)
 
 
+def test_cosine_similarity_is_zero_where_a_norm_underflows():
+  """(1e-23, 0) has squared norm 1e-46, below float32's smallest number:
+  its norm is 0, so its similarity to (1e10, 0) is 0 exactly, although
+  their product is 1e-13. Seen to fail with `denom >= 0` in the outer
+  select (session 15's sampled survivor algorithms #65: 1e-13, the product
+  divided by 1); elsewhere a zero norm means a zero row, whose products are
+  0 as well."""
+  points = {"w": jnp.array([[1e-23, 0.0], [1e10, 0.0]])}
+  sim = jax.jit(cluster_models.cosine_similarity)(points)
+  np.testing.assert_array_equal(sim, [[0.0, 0.0], [0.0, 1.0]])
+
+
 def test_segment_mean_divides_by_a_total_weight_below_one():
   """Weights 0.25, 0.25 on 2 and 4 (segment 0) and 0.5 on 6 (segment 1):
   totals 0.5 each, means 3 and 6. Seen to fail when only totals above 1
@@ -179,6 +191,11 @@ def test_knn_per_chooses_lambda_on_validation_not_test():
   x = jnp.array([[-1.0]])
   out = _knn((x, jnp.array([0]), 5.0), (x, jnp.array([1])), (0.0, 1.0), 1)
   assert float(out["lambda"]) == 1.0 and float(out["accuracy"]) == 0.0
+  # The global model alone (logits 0, 5) says class 1, right on the test
+  # point. Seen to fail with its prediction taken by argmin (session 15's
+  # sampled survivor algorithms #226: 0; the other tests' global models
+  # were uniform, where argmin and argmax both pick class 0).
+  assert float(out["global_accuracy"]) == 1.0
   np.testing.assert_allclose(out["loss"], -np.log(1e-12), rtol=1e-6)
 
 
