@@ -815,3 +815,33 @@ def test_dnc_with_subsample_dim_equal_to_the_dimension_needs_no_key():
   np.testing.assert_allclose(
       jax.jit(aggregators.dnc(1, subsample_dim=2))(x), [10.0, 10.025],
       rtol=1e-6)
+
+
+def test_weights_with_a_non_finite_entry_are_refused():
+  """Concrete weights must all be finite: [1, nan, 1] and [1, inf, 1] are
+  refused with ValueError even though other entries are finite. Seen to
+  fail when one finite entry is enough (`np.all(np.isfinite(w))` ->
+  `np.any` in `base.check_weights`, session 15's sampled survivor
+  aggregators #4: both pass, and the NaN row is silently absent; the other
+  tests' non-finite values were in the messages, not the weights)."""
+  x = jnp.arange(6.0).reshape(3, 2)
+  for bad in (np.nan, np.inf):
+    with pytest.raises(ValueError, match="finite"):
+      aggregators.mean()(x, np.array([1.0, bad, 1.0], np.float32))
+
+
+def test_krum_scores_are_sums_of_squared_distances():
+  """`selection.krum_scores` for points 0, 1, 2.2, 3.5, 10 and f = 1 (the 2
+  nearest others): 1 + 4.84, 1 + 1.44, 1.44 + 1.69, 1.69 + 6.25, 42.25 +
+  60.84; an absent row scores inf. Seen to fail when the scores are means
+  over the N columns (`jnp.sum` -> `jnp.mean`, session 15's sampled
+  survivor aggregators #151: every score / 6); Krum, Bulyan and Fang-Krum
+  read the scores only through their order, which a common factor keeps,
+  so no other test could tell."""
+  from prfl_jax.aggregators import selection
+  p = np.array([0.0, 1.0, 2.2, 3.5, 10.0, 50.0])
+  d2 = jnp.asarray((p[:, None] - p[None, :]) ** 2, jnp.float32)
+  present = jnp.array([True] * 5 + [False])
+  got = jax.jit(selection.krum_scores, static_argnums=2)(d2, present, 1)
+  np.testing.assert_allclose(
+      got, [5.84, 2.44, 3.13, 7.94, 103.09, np.inf], rtol=1e-5)
