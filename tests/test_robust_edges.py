@@ -845,3 +845,15 @@ def test_krum_scores_are_sums_of_squared_distances():
   got = jax.jit(selection.krum_scores, static_argnums=2)(d2, present, 1)
   np.testing.assert_allclose(
       got, [5.84, 2.44, 3.13, 7.94, 103.09, np.inf], rtol=1e-5)
+
+
+def test_mean_shift_joins_two_points_into_one_cluster():
+  """Two present points 0 and 1: the bandwidth takes each point's nearest
+  other point (k = 1 is both the least and the largest rank allowed, count
+  - 1), so h = 1, both climb to 0.5 and form one cluster. Seen to fail when
+  the rank is capped at count - 2 (`count - 1` -> `count - 2` in the clip,
+  session 15's sampled survivor aggregators #303: k = 0, the point itself,
+  h = 0 and each point is alone: only the first is kept)."""
+  got = jax.jit(signs.largest_mean_shift_cluster, static_argnums=(2, 3))(
+      jnp.array([[0.0], [1.0]]), jnp.ones(2, bool), 0.5, 5)
+  np.testing.assert_array_equal(got, [True, True])
