@@ -857,3 +857,30 @@ def test_mean_shift_joins_two_points_into_one_cluster():
   got = jax.jit(signs.largest_mean_shift_cluster, static_argnums=(2, 3))(
       jnp.array([[0.0], [1.0]]), jnp.ones(2, bool), 0.5, 5)
   np.testing.assert_array_equal(got, [True, True])
+
+
+def test_top_direction_gives_zero_projections_when_the_covariance_vanishes():
+  """Four identical integer rows at shares 1/4 (the centring is exact):
+  lambda = 0 and, as documented (v = 0 where lambda is 0), every tau is 0. Seen to fail when tau is 1 there
+  (`where(lam > 0, ..., 0.0)` -> `1.0`, session 15's sampled survivor
+  aggregators #396); CAF stops at lambda 0 before reading tau, and DnC
+  sees only ties either way, so no rule's test could tell."""
+  x = np.array([[1.0, 2.0]] * 4)
+  lam, tau = jax.jit(spectral.top_direction)(
+      jnp.asarray(x @ x.T, jnp.float32), jnp.full(4, 0.25))
+  assert float(lam) == 0.0
+  np.testing.assert_array_equal(tau, [0.0, 0.0, 0.0, 0.0])
+
+
+def test_mean_shift_merges_modes_by_their_distance_over_every_feature():
+  """Points (0, 0), (1, 0), (2, 0), (3, 0) at quantile 0.5 and one climb: h
+  = 1.5, the modes are 0.5, 1, 2, 2.5 (on the x axis), and modes within h
+  / 2 = 0.75 are one cluster: {0.5, 1} and {2, 2.5} tie, the first wins.
+  Seen to fail when the modes' squared distance is averaged over the 2
+  features (`jnp.sum` -> `jnp.mean`, session 15's sampled survivor
+  aggregators #328: 1 and 2 are then 1 / 2 <= 0.5625 apart and the modes
+  1 and 2 see three each: rows 0-2)."""
+  got = jax.jit(signs.largest_mean_shift_cluster, static_argnums=(2, 3))(
+      jnp.array([[0.0, 0.0], [1.0, 0.0], [2.0, 0.0], [3.0, 0.0]]),
+      jnp.ones(4, bool), 0.5, 1)
+  np.testing.assert_array_equal(got, [True, True, False, False])
