@@ -884,3 +884,30 @@ def test_mean_shift_merges_modes_by_their_distance_over_every_feature():
       jnp.array([[0.0, 0.0], [1.0, 0.0], [2.0, 0.0], [3.0, 0.0]]),
       jnp.ones(4, bool), 0.5, 1)
   np.testing.assert_array_equal(got, [True, True, False, False])
+
+
+def test_mda_allows_exactly_max_subsets_subsets():
+  """f = 1 of 4 rows enumerates C(4, 1) = 4 subsets: `max_subsets=4` is
+  enough (0, 1, 2, 10: the least diameter is 0, 1, 2, mean 1), 3 is not.
+  Seen to fail when the count must stay below `max_subsets` (`count >
+  max_subsets` -> `>=` in `_subsets`, session 15's sampled survivor
+  aggregators #463: 4 refused; the other tests' counts were far below or
+  above it)."""
+  x = jnp.array([[0.0], [1.0], [2.0], [10.0]])
+  np.testing.assert_allclose(
+      jax.jit(aggregators.mda(1, max_subsets=4))(x), [1.0], rtol=1e-6)
+  with pytest.raises(ValueError, match="max_subsets"):
+    aggregators.mda(1, max_subsets=3)(x)
+
+
+def test_mda_diameters_use_both_squared_norms():
+  """Points 4, 3, 5, 5, f = 1: the subsets' diameters are 2, 2, 1 and 2, so
+  MDA averages 4, 5, 5: 14 / 3. Seen to fail when a squared distance
+  subtracts the second row's squared norm (`sq[:, None] + sq[None, :]` ->
+  `-` in `_diameter`, session 15's sampled survivor aggregators #476: for
+  these positive points every such value is at most 0, all subsets tie and
+  the first, 4, 3, 5, wins: 4; found by a search of small integer points
+  with one least diameter)."""
+  x = jnp.array([[4.0], [3.0], [5.0], [5.0]])
+  np.testing.assert_allclose(jax.jit(aggregators.mda(1))(x), [14.0 / 3.0],
+                             rtol=1e-6)
