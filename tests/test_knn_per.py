@@ -110,6 +110,10 @@ def test_bad_arguments():
   for kwargs, match in (({"k": 0}, "k"), ({"k": 41}, "k"),
                         ({"lambdas": [1.5]}, "lambdas"),
                         ({"lambdas": []}, "lambdas"),
+                        # One NaN among finite values (NaN passes the range
+                        # check; session 15's sampled survivor algorithms
+                        # #201 refused only an all-NaN grid).
+                        ({"lambdas": [0.0, float("nan")]}, "lambdas"),
                         ({"num_classes": 1}, "num_classes")):
     args = {"k": 3, "num_classes": 2}
     args.update(kwargs)
