@@ -48,6 +48,18 @@ def test_cosine_similarity_is_zero_where_a_norm_underflows():
   np.testing.assert_array_equal(sim, [[0.0, 0.0], [0.0, 1.0]])
 
 
+def test_cosine_similarity_of_opposite_vectors_stays_within_minus_one():
+  """(1.6, 0.4) and (-1.6, -0.4): the product over the norms rounds to
+  -1.0000001 in float32 on this machine; the similarity is clipped to
+  [-1, 1], so -1. Seen to fail with the lower clip at -2 (session 15's
+  sampled survivor algorithms #74: -1.0000001); the other tests' opposite
+  vectors divided exactly."""
+  points = {"w": jnp.array([[1.6, 0.4], [-1.6, -0.4]])}
+  sim = np.asarray(jax.jit(cluster_models.cosine_similarity)(points))
+  assert sim.min() >= -1.0 and sim.max() <= 1.0
+  np.testing.assert_allclose(sim, [[1.0, -1.0], [-1.0, 1.0]], atol=1e-6)
+
+
 def test_segment_mean_divides_by_a_total_weight_below_one():
   """Weights 0.25, 0.25 on 2 and 4 (segment 0) and 0.5 on 6 (segment 1):
   totals 0.5 each, means 3 and 6. Seen to fail when only totals above 1
