@@ -98,9 +98,13 @@ def test_bad_arguments():
     prfl.algorithms.momentum_clustering(
         shifted_quadratic, optax.sgd(0.1), num_clusters=5,
         radius=1.0).init(jnp.zeros((4, 1)))
-  with pytest.raises(ValueError, match="alpha"):
-    prfl.algorithms.momentum_clustering(shifted_quadratic, optax.sgd(0.1),
-                                        num_clusters=2, radius=1.0, alpha=0.0)
+  # alpha in (0, 1]: 1.5 raises too (session 15's sampled survivor
+  # algorithms #307, the bound `<= 1.0` -> `<= 2.0`: only 0 was tried).
+  for alpha in (0.0, 1.5):
+    with pytest.raises(ValueError, match="alpha"):
+      prfl.algorithms.momentum_clustering(shifted_quadratic, optax.sgd(0.1),
+                                          num_clusters=2, radius=1.0,
+                                          alpha=alpha)
   with pytest.raises(ValueError, match="radius"):
     prfl.algorithms.momentum_clustering(shifted_quadratic, optax.sgd(0.1),
                                         num_clusters=2, radius=jnp.ones(3))
@@ -286,6 +290,27 @@ def test_bias_correction_rescales_what_is_clustered_not_the_step():
                              atol=1e-6)
   np.testing.assert_allclose(np.sort(runs[False].centers[:, 0]), [-5, 0],
                              atol=1e-6)
+
+
+def test_bias_correction_divides_by_one_minus_beta_to_the_round():
+  """The second round's correction: alpha 0.5, one warm-up round, optima 0
+  and 10, lr 0.1, radius 0 (each centre keeps its seed). Round 0: momenta
+  0, -5, corrected by 1 - 0.5 = 0.5; the step x = 0, 0.5. Round 1 seeds
+  the centres at the corrected momenta: m = 0.5 (-9.5) + 0.5 (-5) = -7.25
+  for client 1, divided by 1 - 0.5^2 = 0.75: centres 0 and -29/3. Seen to
+  fail with `(1 - alpha) * t` for `(1 - alpha) ** t` (session 15's sampled
+  survivor algorithms #359: the two agree at t = 1, the only round the
+  test above runs; at t = 2 it divides by 0)."""
+  alg = prfl.algorithms.momentum_clustering(
+      shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=0.0,
+      num_iters=1, alpha=0.5, bias_correction=True, warmup_rounds=1,
+      seed_average=False, reseed=False, assign="momentum",
+      freeze_when_stable=None)
+  state, step = alg.init(jnp.zeros((2, 1))), jax.jit(alg.step)
+  for t in range(2):
+    state, _ = step(state, jnp.array([[[0.0]], [[10.0]]]), jax.random.key(t))
+  np.testing.assert_allclose(np.sort(state.centers[:, 0]), [-29 / 3, 0.0],
+                             rtol=1e-6)
 
 
 def test_warmup_rounds_step_alone_then_seed():
