@@ -119,8 +119,8 @@ def pytest_terminal_summary(terminalreporter):
     for report in terminalreporter.stats.get(outcome, ()):
       if report.when != "call" and outcome == "passed":
         continue
-      for name in OPTIONAL_PATHS:
-        if name in report.keywords:
+      for name in OPTIONAL_PATHS:  # A collection error's report has none.
+        if name in getattr(report, "keywords", ()):
           outcomes[name].append(f"{report.nodeid.split('::', 1)[-1]} "
                                 f"{outcome}")
   for name, ended in outcomes.items():
