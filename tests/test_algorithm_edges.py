@@ -98,6 +98,10 @@ def test_dead_centres_coincide_within_rtol_of_the_larger_norm():
       {"w": jnp.array([[6.0, 0.0], [10.0, 0.0]])}, jnp.array([0, 1]),
       rtol=0.5)
   np.testing.assert_array_equal(far, [False, True])
+  # Two zero centres coincide (distance 0 <= rtol x 0; session 15's sampled
+  # survivor algorithms #415: `<` for `<=` kept both alive).
+  zero = jax.jit(dead_centers)({"w": jnp.zeros((2, 3))}, jnp.array([0, 1]))
+  np.testing.assert_array_equal(zero, [False, True])
 
 
 def test_momentum_clustering_momentum_weights_alpha_and_one_minus_alpha():

@@ -44,6 +44,21 @@ def test_two_rounds_by_hand():
   assert a[0] == a[1] and a[2] == a[3] and a[0] != a[2]
 
 
+def test_carried_weight_is_what_the_balls_leave_to_the_seeds():
+  """The round of `test_two_rounds_by_hand` (alpha 1, momenta 0, 0, -10,
+  -10, radius 1, one Threshold-Clustering step over all 4): each seed's
+  ball holds 2 of the 4 momenta at 1/4 each, so the seed keeps 1/2 of
+  every client's direction: carried_weight 0.5. Seen to fail with
+  `1 + sum` for `1 - sum` (session 15's sampled survivor algorithms #406:
+  1.5); no test read this metric."""
+  alg = prfl.algorithms.momentum_clustering(
+      shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=1.0,
+      num_iters=1, alpha=1.0, **PAPER)
+  _, metrics = jax.jit(alg.step)(alg.init(jnp.zeros((4, 1))), C[:, None],
+                                 jax.random.key(0))
+  np.testing.assert_allclose(metrics["carried_weight"], 0.5, rtol=1e-6)
+
+
 def test_momentum_and_carried_centres():
   # alpha = 0.5. Round 1: m = 0.5 * g = 0, 0, -5, -5; centres 0 and -5,
   # x = 0, 0, 0.5, 0.5. Round 2: g = 0, 0, -9.5, -9.5,
