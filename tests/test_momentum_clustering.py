@@ -694,6 +694,27 @@ def test_loss_assignment_keeps_an_empty_centres_model():
       assign="momentum").init(jnp.zeros((4, 1))).models is None
 
 
+def test_loss_assignment_gives_a_one_client_centre_its_clients_model():
+  """Seeded at [0, 0, 0, 1], params 1, 1, 1, 10, centres 1 and 10, models
+  1 and 12, optima 0, 0, 0, 10; alpha 1, lr 0.1. Nobody moves (client 3
+  loses 2 at model 12 against 40.5 at 1). Clients 0-2 step with 1 to 0.9;
+  client 3's momentum is 0, so it stays at 10, and centre 1's model
+  becomes the mean of its one client, 10 (not the 12 it had). Seen to
+  fail when only centres with more than one client took their clients'
+  mean (session 15's sampled survivor algorithms #391, `sizes > 0` ->
+  `sizes > 1`: 12 kept); no test read a one-client centre's model."""
+  alg, step = _loss_alg()
+  state = _seeded_loss_state(
+      alg, jnp.array([[1.0], [1.0], [1.0], [10.0]]), [0, 0, 0, 1],
+      jnp.array([[1.0], [10.0]]), jnp.array([[1.0], [12.0]]))
+  state, _ = step(state, jnp.array([0.0, 0.0, 0.0, 10.0])[:, None, None],
+                  jax.random.key(0))
+  np.testing.assert_array_equal(state.assignment, [0, 0, 0, 1])
+  np.testing.assert_allclose(state.params[:, 0], [0.9, 0.9, 0.9, 10.0],
+                             atol=1e-6)
+  np.testing.assert_allclose(state.models[:, 0], [0.9, 10.0], atol=1e-6)
+
+
 def test_an_emptied_centre_wins_its_clients_back_on_loss():
   """Seeded at [0, 0, 1, 1], models and centres 0 and 10, params 0, 0, 10,
   10; alpha 1, lr 0.1, radius 100. Round 1, all optima 0: momenta 0, 0, 10,
