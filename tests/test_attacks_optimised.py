@@ -270,6 +270,19 @@ def test_bad_arguments_raise(make):
     make()
 
 
+@pytest.mark.parametrize("name,value", [
+    ("start", float("nan")), ("start", "0"), ("delta", float("inf")),
+    ("delta", True)])
+def test_line_search_start_and_delta_must_be_finite_numbers(name, value):
+  """`start` and `delta` of the optimised attacks' line search are refused,
+  with their name, when NaN, infinite, a string or a bool. Seen to fail
+  when the check's `or`s are `and`s (session 15's sampled survivor attacks
+  #236: nothing was refused, and a NaN start searched NaN scales)."""
+  for make in (attacks.optimised_alie, attacks.optimised_ipm):
+    with pytest.raises(ValueError, match=f"`{name}` must be a finite"):
+      make(lambda *a: 0.0, **{name: value})
+
+
 def test_jittered_moves_each_row_by_scale_times_its_norm_and_unties():
   """`jittered(alie())`: Byzantine row j is ALIE's row plus a vector of
   norm 0.01 ||row||; benign rows are unchanged; cap_duplicates keeps every
