@@ -188,9 +188,10 @@ def test_cap_balls_caps_at_the_median_of_odd_and_even_counts():
   are allowed everywhere). Seen to fail with `(num - 2) // 2` for the
   lower middle index (session 15's sampled survivor algorithms #557: the
   same index for an even count; for 1, 3, 3 it reads 1 and 3, median 2),
-  with `(num + 1) // 2` (#556 at 9158dc9, not yet sampled: median 3 of 1,
-  1, 3, 3) and with the smallest count (#549, which other tests kill);
-  the tests above had only even counts with equal middle values."""
+  with `(num + 1) // 2` (#556 at 9158dc9, sampled later and killed by the
+  older tests too: median 3 of 1, 1, 3, 3) and with the smallest count
+  (#549, which other tests kill); the tests above had only even counts
+  with equal middle values."""
   cap = jax.jit(fc_defence.cap_balls)
   odd = np.array([[1, 1, 1], [0, 1, 1], [0, 1, 1]], bool)  # Models x senders.
   even = np.array([[1, 0, 1, 0], [0, 1, 0, 1], [0, 0, 1, 1], [0, 0, 1, 1]],

@@ -136,7 +136,7 @@ def test_sketch_is_a_linear_projection_that_keeps_squared_distances():
   `out / sqrt(dim)` (session 15's sampled survivor algorithms #491:
   distances 2048^2 times too large; the grouping reads only the order of
   the distances, which that keeps) and with the sum started at 1 (#489 at
-  9158dc9, not yet sampled: every sketch shifted by 1 / sqrt(dim)). A
+  9158dc9, a sampled survivor too: every sketch shifted by 1 / sqrt(dim)). A
   sign flip of every sketch (#490, `out + ...` -> `out - ...`) keeps
   both, and the grouping's distances bit for bit: equivalent."""
   rng = np.random.default_rng(0)
