@@ -17,8 +17,8 @@ How mutants run (`--isolation`):
   the worker (`-x`, the tests that name the mutated function first, then
   those naming its module's other functions: only the order changes, every
   test still runs before a survivor is called), and the original is
-  restored. A mutant that crashes its
-  worker counts as killed and the worker is restarted.
+  restored. A mutant that crashes its worker counts as killed and the
+  worker is restarted.
 * `process`: a fresh `pytest -x` process per mutant on a scratch copy of the
   repository with the mutated module written in; slower by the ~45 s of
   importing JAX and collecting the tests on a loaded 2-core machine, but

@@ -43,22 +43,13 @@ def _split(path: str) -> Optional[Tuple[Tuple[str, str], ...]]:
                 if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
                 and m.name.startswith("test")]
     else:
-      names = [t.id for t in ast.walk(node) if isinstance(t, ast.Name)
-               and isinstance(t.ctx, ast.Store)]
-      if isinstance(node, (ast.Import, ast.ImportFrom)):
-        names = [a.asname or a.name.split(".")[0] for a in node.names]
+      names = ([a.asname or a.name.split(".")[0] for a in node.names]
+               if isinstance(node, (ast.Import, ast.ImportFrom)) else
+               [t.id for t in ast.walk(node) if isinstance(t, ast.Name)
+                and isinstance(t.ctx, ast.Store)])
       if any(n.startswith(("test", "Test")) for n in names):
         return None
   return tuple(out)
-
-
-@functools.lru_cache(maxsize=None)
-def module_functions(path: str) -> Tuple[str, ...]:
-  """The top-level function names of the library module at `path`."""
-  with open(os.path.join(REPO, path), encoding="utf-8") as f:
-    tree = ast.parse(f.read())
-  return tuple(n.name for n in tree.body
-               if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
 
 
 def _names(text: str, names: Sequence[str]) -> bool:

@@ -22,7 +22,6 @@ from typing import Callable, List, Optional, Sequence, Tuple
 from tools.mutation.operators import Mutant
 from tools.mutation.operators import REPO
 from tools.mutation.operators import mutated_source
-from tools.mutation.ordering import module_functions
 from tools.mutation.ordering import ordered_tests
 
 # -n 0: in this process, where the mutated code is (setup.cfg's addopts would
@@ -344,8 +343,9 @@ def worker() -> int:
     if job["kind"] == "mutant":
       m = Mutant(**job["mutant"])
       undo = swap_in(m)
-      tests = ordered_tests(tests, inprocess_site(m.path, m.line)[1],
-                            module_functions(m.path))
+      tests = ordered_tests(tests, top_level_name(m.path, m.line), [
+          n.name for n in _tree(m.path).body
+          if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))])
     jax.clear_caches()
     try:
       status, seconds, failed, cpu = run_pytest_here(tests, job["timeout"])
