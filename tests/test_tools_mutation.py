@@ -230,6 +230,9 @@ def test_tests_naming_the_mutated_function_run_first(tmp_path, monkeypatch):
         ["target", "other"])
     plain = ordering.ordered_tests(["tests/test_order_a.py::test_plain[2]"],
                                    "target")
+    case_first = ordering.ordered_tests(
+        ["tests/test_order_a.py::test_plain[2]", "tests/test_order_a.py",
+         "tests/test_order_a.py::test_plain[2]"], "other")
   finally:
     ordering._split.cache_clear()  # pylint: disable=protected-access
   a = "tests/test_order_a.py::"
@@ -237,3 +240,7 @@ def test_tests_naming_the_mutated_function_run_first(tmp_path, monkeypatch):
                  a + "TestGroup::test_sibling", a + "test_plain",
                  "tests/test_order_b.py"]
   assert plain == [a + "test_plain[2]"]
+  # A case listed before its file gives way to the whole test (else it ran
+  # twice), and a node id listed twice is kept once.
+  assert case_first == [a + "TestGroup::test_sibling", a + "test_plain",
+                        a + "test_decorated", a + "test_calls_target"]

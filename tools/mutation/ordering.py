@@ -62,7 +62,8 @@ def ordered_tests(tests: Sequence[str], function: Optional[str],
   `function` first, then those naming one of `siblings` (the module's other
   functions), then the rest, each group in the given order; files that
   cannot be split come last, whole. Every test of `tests` is kept once (a
-  node id of a test already listed, e.g. through its file, is dropped)."""
+  node id of a test already listed, e.g. through its file, is dropped, and
+  a parametrised case listed before its whole test gives way to it)."""
   groups: Dict[int, List[str]] = {0: [], 1: [], 2: []}
   whole, seen = [], set()
   others = [s for s in siblings if s != function]
@@ -78,8 +79,11 @@ def ordered_tests(tests: Sequence[str], function: Optional[str],
                    if test == node or test.startswith(node + "[")), "")
       items = ((test, text),)
     for node, text in items:
-      if node.partition("[")[0] in seen:  # Already there, maybe whole.
+      if node in seen or node.partition("[")[0] in seen:  # Already there.
         continue
+      if "[" not in node:  # The whole test covers its cases listed before.
+        for group in groups.values():
+          group[:] = [g for g in group if g.partition("[")[0] != node]
       seen.add(node)
       rank = (0 if function and _names(text, [function]) else
               1 if others and _names(text, others) else 2)
