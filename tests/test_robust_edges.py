@@ -911,3 +911,25 @@ def test_mda_diameters_use_both_squared_norms():
   x = jnp.array([[4.0], [3.0], [5.0], [5.0]])
   np.testing.assert_allclose(jax.jit(aggregators.mda(1))(x), [14.0 / 3.0],
                              rtol=1e-6)
+
+
+def test_signguard_averages_rows_whose_squared_norms_overflow_or_underflow():
+  """Five rows of one sign pattern (so the sign cluster is all of them) at
+  norms 5, 10, 10, 13 and 500 times c: M = 10 c, the last row fails the
+  norm filter (ratio 50) and (12, 5) c is clipped to 10 c; SignGuard is
+  scale-equivariant, so the answer is c times the float64 NumPy one at
+  c = 1. At c = 1e19 every squared norm overflows float32 and at c = 1e-22
+  every one underflows to 0, yet the norms (and so the answer) are finite
+  and right. Seen to fail before the norms were scale-safe
+  (`sqrt(sq_norms)`: NaN at 1e19, the median norm inf / inf; 0 at 1e-22,
+  every ratio 0 below `low`)."""
+  x = np.array([[3.0, 4.0], [6.0, 8.0], [8.0, 6.0], [12.0, 5.0],
+                [300.0, 400.0]])
+  norms = np.linalg.norm(x, axis=1)
+  med = np.median(norms)
+  keep = (norms / med >= 0.1) & (norms / med <= 3.0)
+  want = np.mean((x * np.minimum(1.0, med / norms)[:, None])[keep], axis=0)
+  rule = jax.jit(aggregators.signguard())
+  for c in (1.0, 1e19, 1e-22):
+    np.testing.assert_allclose(rule(jnp.asarray(c * x, jnp.float32)),
+                               c * want, rtol=1e-5)

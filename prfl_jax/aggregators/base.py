@@ -108,6 +108,80 @@ def pairwise_sq_distances(points: PyTree) -> jax.Array:
   return jnp.maximum(sq[:, None] + sq[None, :] - 2.0 * g, 0.0)
 
 
+def _peaks_and_unit_norms(zeroed: PyTree):
+  """`(m [N], r [N])`: each row's largest |entry| m_i over all leaves and the
+  norm r_i = ||x_i / m_i|| (in [1, sqrt(P)] for a non-zero row, 0 for a zero
+  row), so that ||x_i|| = m_i * r_i with no square above 1."""
+  leaves = [x.reshape(x.shape[0], -1) for x in jax.tree.leaves(zeroed)]
+  peaks = functools.reduce(jnp.maximum, [
+      jnp.max(jnp.abs(x), axis=1, initial=0) for x in leaves])
+  safe = jnp.where(peaks > 0, peaks, 1)
+  units = jnp.sqrt(sum(jnp.sum(jnp.square(x / safe[:, None]), axis=1)
+                       for x in leaves))
+  return peaks, units
+
+
+def _squares_usable(sq: jax.Array) -> jax.Array:
+  """`[N]` bool: the squared norms that are finite and not below the
+  smallest normal number (where `sqrt` gives the norm to rounding)."""
+  tiny = jnp.finfo(sq.dtype).tiny if jnp.issubdtype(
+      sq.dtype, jnp.inexact) else 0
+  return jnp.isfinite(sq) & (sq >= tiny)
+
+
+def row_norms(zeroed: PyTree) -> jax.Array:
+  """`[N]`: every row's l2 norm over all leaves, safe from the squares'
+  overflow and underflow.
+
+  Where the squared norm (`tree.sq_norms`) is finite and normal the norm is
+  its square root (bit for bit); elsewhere (a float32 entry above ~1.8e19
+  squares to inf, a row below ~1e-19 to a subnormal or 0) it is
+  `m_i * ||x_i / m_i||`, m_i the row's largest |entry|. It is inf only when
+  the norm itself exceeds the dtype's largest value (3.4e38 in float32).
+
+  Args:
+    zeroed: messages with finite entries, leaves `[N, ...]` (e.g. from
+      `prepare`).
+  """
+  sq = tree_lib.sq_norms(zeroed)
+  peaks, units = _peaks_and_unit_norms(zeroed)
+  return jnp.where(_squares_usable(sq), jnp.sqrt(sq), peaks * units)
+
+
+def clip_rows(zeroed: PyTree, threshold) -> PyTree:
+  """Every row times `min(1, threshold / ||x_i||)`, norms from `row_norms`.
+
+  A row whose norm is above `threshold` is brought to it in its own
+  direction: as `x_i * (threshold / ||x_i||)` where the squared norm is
+  usable (as `row_norms` says), else as `(x_i / m_i) * (threshold /
+  ||x_i / m_i||)`, so a finite row whose squared norm (or norm) overflows is
+  clipped, not zeroed by `threshold / inf`. A row at exactly `threshold` (inf
+  included) is left alone.
+
+  Args:
+    zeroed: messages with finite entries, leaves `[N, ...]`.
+    threshold: scalar c >= 0 (may be traced, may be inf).
+
+  Returns:
+    pytree like `zeroed`.
+  """
+  sq = tree_lib.sq_norms(zeroed)
+  peaks, units = _peaks_and_unit_norms(zeroed)
+  usable = _squares_usable(sq)
+  norms = jnp.where(usable, jnp.sqrt(sq), peaks * units)
+  clip = norms > threshold
+  divisor = jnp.where(clip & ~usable, peaks, 1.0)
+  factor = jnp.where(clip, jnp.where(
+      usable, threshold / jnp.maximum(norms, 1e-30),
+      threshold / jnp.maximum(units, 1.0)), 1.0)
+
+  def leaf(x):
+    shape = (-1,) + (1,) * (x.ndim - 1)
+    return (x / divisor.reshape(shape).astype(x.dtype)) * factor.reshape(
+        shape).astype(x.dtype)
+  return jax.tree.map(leaf, zeroed)
+
+
 def flatten(messages: PyTree) -> jax.Array:
   """`[N, P]`: every row's leaves concatenated (in `jax.tree.leaves` order)."""
   return jnp.concatenate([x.reshape(x.shape[0], -1)

@@ -6,7 +6,6 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
-from prfl_jax import tree as tree_lib
 from prfl_jax import validation
 from prfl_jax.aggregators import base
 
@@ -71,6 +70,10 @@ def signguard(*, low: float = 0.1, high: float = 3.0,
   3. the aggregate is the weighted mean over S1 and S2 of the rows clipped
      to norm M, `x_i * min(1, M / ||x_i||)`.
 
+  The norms are `base.row_norms` and the clip `base.clip_rows`: a finite
+  row whose squared norm overflows (float32 entries ~1e19) or underflows
+  keeps its norm, so M and the answer stay finite and right.
+
   Args:
     low, high: the norm filter's bounds (the paper: 0.1 and 3.0).
     coord_frac: share of coordinates the sign statistics look at, in
@@ -107,16 +110,12 @@ def signguard(*, low: float = 0.1, high: float = 3.0,
       size = flat.shape[1]
       flat = flat[:, jax.random.choice(
           key, size, (max(1, int(coord_frac * size)),), replace=False)]
-    norms = jnp.sqrt(tree_lib.sq_norms(zeroed))
+    norms = base.row_norms(zeroed)
     med = jnp.nanmedian(jnp.where(present, norms, jnp.nan))
     med = jnp.where(jnp.isnan(med), 0.0, med)
     ratio = norms / jnp.where(med > 0, med, 1.0)
     s1 = present & (ratio >= low) & (ratio <= high)
     s2 = largest_mean_shift_cluster(sign_features(flat), present,
                                     bandwidth_quantile, num_iters)
-    scale = jnp.minimum(1.0, med / jnp.maximum(norms, 1e-30))
-    clipped = jax.tree.map(
-        lambda x: x * scale.reshape((-1,) + (1,) * (x.ndim - 1)).astype(
-            x.dtype), zeroed)
-    return base.selected_mean(clipped, weights, s1 & s2)
+    return base.selected_mean(base.clip_rows(zeroed, med), weights, s1 & s2)
   return agg
