@@ -392,17 +392,22 @@ def test_nnm_allows_any_f_below_n():
 
 def test_arc_leaves_a_row_at_the_threshold_alone_even_at_infinite_norm():
   """ARC with f = 0 clips k = 0 rows: the threshold is the largest norm and
-  every row comes out as it went in, also a finite row (3e19, 0) whose
-  squared norm overflows float32 (norm and threshold both inf). Seen to
-  fail when rows at the threshold are rescaled too (`norms > threshold` ->
-  `>=` in `_clip_to`, session 15's sampled survivor aggregators #206:
-  inf / inf turns that row into NaN). For finite norms the two agree, as
-  x / x is exactly 1 and a float32 norm is 0 or above 1e-30. Also fails
-  when ARC refuses f = 0 (`minimum=0` -> `1`, #245)."""
-  x = jnp.array([[3e19, 0.0], [1.0, 2.0], [0.0, -4.0]])
-  out, w = jax.jit(aggregators.arc(0))(x)
-  np.testing.assert_array_equal(out, x)
-  np.testing.assert_array_equal(w, np.ones(3))
+  every row comes out as it went in, also a finite row (3e38, -3e38) whose
+  norm exceeds float32's largest (norm and threshold both inf), and a row
+  (3e19, 0) whose squared norm overflows (norm and threshold 3e19, since
+  `base.row_norms` is scale-safe). Seen to fail when rows at the threshold
+  are rescaled too (`norms > threshold` -> `>=`, session 15's sampled
+  survivor aggregators #206, then in `pre._clip_to`, now in
+  `base.clip_rows`: the inf row becomes inf, (x / m) * (inf / sqrt(2)); before
+  the norms were scale-safe the 3e19 row, of norm inf, showed it, inf / inf
+  = NaN). For finite norms the two agree, as x / x is exactly 1 and a
+  float32 norm is 0 or above 1e-30. Also fails when ARC refuses f = 0
+  (`minimum=0` -> `1`, #245)."""
+  for x in (jnp.array([[3e38, -3e38], [1.0, 2.0], [0.0, -4.0]]),
+            jnp.array([[3e19, 0.0], [1.0, 2.0], [0.0, -4.0]])):
+    out, w = jax.jit(aggregators.arc(0))(x)
+    np.testing.assert_array_equal(out, x)
+    np.testing.assert_array_equal(w, np.ones(3))
 
 
 def test_an_absent_row_0_leaves_the_nearest_rows_of_another_row_unchanged():
@@ -933,3 +938,31 @@ def test_signguard_averages_rows_whose_squared_norms_overflow_or_underflow():
   for c in (1.0, 1e19, 1e-22):
     np.testing.assert_allclose(rule(jnp.asarray(c * x, jnp.float32)),
                                c * want, rtol=1e-5)
+
+
+def test_clipping_and_arc_bring_an_overflowing_row_to_the_threshold():
+  """Finite rows whose squared norm overflows float32 are clipped in their
+  own direction, not zeroed: `clipping(1)` takes (3e19, 4e19) to (0.6, 0.8)
+  and (3e38, -3e38) (norm above float32's largest, inf) to (1, -1) / sqrt(2);
+  ARC with f = 1 of 4 clips the largest row, (3e19, 4e19), to the third
+  norm, 3: (1.8, 2.4). Rows of ordinary norm are unchanged or clipped as
+  always, and rows at c = 1e-22 (squared norms underflow to 0) are clipped
+  to c like their c = 1 counterparts. Seen to fail before the norms were
+  scale-safe (`sqrt(sq_norms)` in `_clip_to` / ARC: threshold / inf made
+  both big rows 0; the tiny rows had norm 0 and were left unclipped)."""
+  x = jnp.array([[3e19, 4e19], [0.3, 0.4], [3e38, -3e38], [-6.0, 8.0]])
+  out, w = jax.jit(aggregators.clipping(1.0))(x)
+  np.testing.assert_allclose(
+      out, [[0.6, 0.8], [0.3, 0.4], [0.5 ** 0.5, -0.5 ** 0.5], [-0.6, 0.8]],
+      rtol=1e-6)
+  np.testing.assert_array_equal(w, np.ones(4))
+  tiny = np.array([[3.0, 4.0], [0.3, 0.4], [-6.0, 8.0]])
+  out, _ = jax.jit(aggregators.clipping(1e-22))(
+      jnp.asarray(1e-22 * tiny, jnp.float32))
+  np.testing.assert_allclose(
+      out, 1e-22 * np.array([[0.6, 0.8], [0.3, 0.4], [-0.6, 0.8]]),
+      rtol=1e-5)
+  out, _ = jax.jit(aggregators.arc(1))(
+      jnp.array([[3e19, 4e19], [1.0, 0.0], [0.0, 2.0], [3.0, 0.0]]))
+  np.testing.assert_allclose(
+      out, [[1.8, 2.4], [1.0, 0.0], [0.0, 2.0], [3.0, 0.0]], rtol=1e-6)

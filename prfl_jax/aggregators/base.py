@@ -108,17 +108,27 @@ def pairwise_sq_distances(points: PyTree) -> jax.Array:
   return jnp.maximum(sq[:, None] + sq[None, :] - 2.0 * g, 0.0)
 
 
-def _peaks_and_unit_norms(zeroed: PyTree):
-  """`(m [N], r [N])`: each row's largest |entry| m_i over all leaves and the
-  norm r_i = ||x_i / m_i|| (in [1, sqrt(P)] for a non-zero row, 0 for a zero
-  row), so that ||x_i|| = m_i * r_i with no square above 1."""
+def _unit_rows(zeroed: PyTree):
+  """`(m [N], s [N], r [N])` for rows of finite entries: m_i the row's
+  largest |entry| over all leaves, s_i = 1 / sqrt(m_i) (1 for a zero row)
+  and r_i = ||x_i s_i s_i||, the norm of the row brought to largest |entry|
+  1 (in [1, sqrt(P)] up to rounding, 0 for a zero row), so that ||x_i|| =
+  m_i r_i with no square above 1.
+
+  The rows are multiplied by s_i twice rather than divided by m_i: XLA turns
+  a division by a broadcast into a product with the reciprocal, and 1 / m_i
+  is subnormal (0 on CPU, which flushes them) for m_i above ~8.5e37, while
+  1 / sqrt(m_i) is a normal number for every finite m_i.
+  """
   leaves = [x.reshape(x.shape[0], -1) for x in jax.tree.leaves(zeroed)]
   peaks = functools.reduce(jnp.maximum, [
       jnp.max(jnp.abs(x), axis=1, initial=0) for x in leaves])
-  safe = jnp.where(peaks > 0, peaks, 1)
-  units = jnp.sqrt(sum(jnp.sum(jnp.square(x / safe[:, None]), axis=1)
-                       for x in leaves))
-  return peaks, units
+  inv_root = jax.lax.rsqrt(jnp.where(peaks > 0, peaks, 1).astype(
+      jnp.result_type(peaks, jnp.float32)))
+  units = jnp.sqrt(sum(
+      jnp.sum(jnp.square(x * inv_root[:, None] * inv_root[:, None]), axis=1)
+      for x in leaves))
+  return peaks, inv_root, units
 
 
 def _squares_usable(sq: jax.Array) -> jax.Array:
@@ -134,7 +144,7 @@ def row_norms(zeroed: PyTree) -> jax.Array:
   overflow and underflow.
 
   Where the squared norm (`tree.sq_norms`) is finite and normal the norm is
-  its square root (bit for bit); elsewhere (a float32 entry above ~1.8e19
+  its square root, as before (to float32 rounding); elsewhere (a float32 entry above ~1.8e19
   squares to inf, a row below ~1e-19 to a subnormal or 0) it is
   `m_i * ||x_i / m_i||`, m_i the row's largest |entry|. It is inf only when
   the norm itself exceeds the dtype's largest value (3.4e38 in float32).
@@ -144,7 +154,7 @@ def row_norms(zeroed: PyTree) -> jax.Array:
       `prepare`).
   """
   sq = tree_lib.sq_norms(zeroed)
-  peaks, units = _peaks_and_unit_norms(zeroed)
+  peaks, _, units = _unit_rows(zeroed)
   return jnp.where(_squares_usable(sq), jnp.sqrt(sq), peaks * units)
 
 
@@ -153,10 +163,10 @@ def clip_rows(zeroed: PyTree, threshold) -> PyTree:
 
   A row whose norm is above `threshold` is brought to it in its own
   direction: as `x_i * (threshold / ||x_i||)` where the squared norm is
-  usable (as `row_norms` says), else as `(x_i / m_i) * (threshold /
-  ||x_i / m_i||)`, so a finite row whose squared norm (or norm) overflows is
-  clipped, not zeroed by `threshold / inf`. A row at exactly `threshold` (inf
-  included) is left alone.
+  usable (as `row_norms` says; the plain clip), else as
+  `(x_i / m_i) * (threshold / ||x_i / m_i||)`, so a finite row whose
+  squared norm (or norm) overflows is clipped, not zeroed by `threshold /
+  inf`. A row at exactly `threshold` (inf included) is left alone.
 
   Args:
     zeroed: messages with finite entries, leaves `[N, ...]`.
@@ -166,19 +176,19 @@ def clip_rows(zeroed: PyTree, threshold) -> PyTree:
     pytree like `zeroed`.
   """
   sq = tree_lib.sq_norms(zeroed)
-  peaks, units = _peaks_and_unit_norms(zeroed)
+  peaks, inv_root, units = _unit_rows(zeroed)
   usable = _squares_usable(sq)
   norms = jnp.where(usable, jnp.sqrt(sq), peaks * units)
   clip = norms > threshold
-  divisor = jnp.where(clip & ~usable, peaks, 1.0)
+  inv_root = jnp.where(clip & ~usable, inv_root, 1.0)
   factor = jnp.where(clip, jnp.where(
       usable, threshold / jnp.maximum(norms, 1e-30),
-      threshold / jnp.maximum(units, 1.0)), 1.0)
+      threshold / jnp.where(units > 0, units, 1.0)), 1.0)
 
   def leaf(x):
     shape = (-1,) + (1,) * (x.ndim - 1)
-    return (x / divisor.reshape(shape).astype(x.dtype)) * factor.reshape(
-        shape).astype(x.dtype)
+    s = inv_root.reshape(shape).astype(x.dtype)
+    return x * s * s * factor.reshape(shape).astype(x.dtype)
   return jax.tree.map(leaf, zeroed)
 
 

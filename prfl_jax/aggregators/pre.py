@@ -28,19 +28,6 @@ PyTree = base.PyTree
 PreAggregator = Callable[..., tuple]
 
 
-def _scaled(zeroed: PyTree, scale: jax.Array) -> PyTree:
-  return jax.tree.map(
-      lambda x: x * scale.reshape((-1,) + (1,) * (x.ndim - 1)).astype(
-          x.dtype), zeroed)
-
-
-def _clip_to(zeroed: PyTree, threshold) -> PyTree:
-  """Every row times `min(1, threshold / ||x_i||)`."""
-  norms = jnp.sqrt(tree_lib.sq_norms(zeroed))
-  return _scaled(zeroed, jnp.where(
-      norms > threshold, threshold / jnp.maximum(norms, 1e-30), 1.0))
-
-
 def nnm(num_byzantine: int) -> PreAggregator:
   """Nearest-neighbour mixing, NNM (Allouah et al., 2023, Algorithm 1).
 
@@ -147,6 +134,9 @@ def clipping(threshold: float) -> PreAggregator:
   Args:
     threshold: c > 0.
 
+  The norms and the clip are `base.clip_rows`'s: a finite row whose squared
+  norm overflows (float32 entries ~1e19) is clipped in its own direction.
+
   Raises:
     ValueError: if `threshold` is not a finite number > 0.
   """
@@ -155,7 +145,7 @@ def clipping(threshold: float) -> PreAggregator:
   def pre(messages, weights=None, key=None):
     del key  # Unused.
     _, weights, _, zeroed = base.prepare(messages, weights)
-    return _clip_to(zeroed, threshold), weights
+    return base.clip_rows(zeroed, threshold), weights
   return pre
 
 
@@ -166,6 +156,9 @@ def arc(num_byzantine: int) -> PreAggregator:
   clipped to the (n - k)-th smallest norm (the largest one left alone):
   `x_i * min(1, ||x_pi(n-k)|| / ||x_i||)`, pi sorting the norms ascending.
   k is computed in integers (ByzFL: `int((2 f / n) * (n - f))` in floats).
+  Norms are `base.row_norms` and the clip `base.clip_rows`: a finite row
+  whose squared norm overflows keeps its norm and is clipped in its own
+  direction.
 
   Args:
     num_byzantine: f >= 0, with f <= N.
@@ -187,10 +180,10 @@ def arc(num_byzantine: int) -> PreAggregator:
     _, weights, present, zeroed = base.prepare(messages, weights)
     count = jnp.sum(present)
     k = (2 * num_byzantine * (count - num_byzantine)) // jnp.maximum(count, 1)
-    norms = jnp.sqrt(tree_lib.sq_norms(zeroed))
+    norms = base.row_norms(zeroed)
     ordered = jnp.sort(jnp.where(present, norms, jnp.inf))
     threshold = ordered[jnp.clip(count - k - 1, 0, n - 1)]
-    return _clip_to(zeroed, threshold), weights
+    return base.clip_rows(zeroed, threshold), weights
   return pre
 
 
