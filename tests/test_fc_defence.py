@@ -207,6 +207,32 @@ def test_cap_balls_caps_at_the_median_of_odd_and_even_counts():
     np.testing.assert_array_equal(allowed[:, 2:] & ~even[:, 2:], False)
 
 
+def test_cap_balls_rounds_a_fractional_cap_up():
+  """M = ceil(ball_cap * median) when the product is not a whole number.
+  Four present senders in 3, 2, 1, 1 balls (median 1.5, ball_cap 1: M = 2):
+  sender 1 (2 balls) is allowed everywhere and sender 0 keeps its own ball
+  and one of models 1-2. Three present senders in 3, 1, 1 balls (a fourth
+  absent) at ball_cap 1.5 (median 1, M = 2): sender 0 again keeps its own
+  ball and one other. Seen to fail with `jnp.floor` (census survivor
+  algorithms #562 at 9158dc9: M = 1, sender 0 keeps only its own ball and
+  sender 1 loses model 3); the tests above had whole products only (1 x 2,
+  1 x 3, 2 x 2)."""
+  cap = jax.jit(fc_defence.cap_balls)
+  even = np.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [0, 1, 0, 1]],
+                  bool)  # Models x senders: counts 3, 2, 1, 1.
+  odd = np.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [0, 0, 0, 1]],
+                 bool)  # 3, 1, 1 and client 3 absent (the same program).
+  for seed in range(3):
+    key = jax.random.key(seed)
+    allowed = np.asarray(cap(jnp.asarray(even), jnp.ones(4), 1.0, key))
+    np.testing.assert_array_equal(allowed[:, 1:], np.ones((4, 3), bool))
+    assert allowed[0, 0] and allowed[1:3, 0].sum() == 1 and not allowed[3, 0]
+    allowed = np.asarray(cap(jnp.asarray(odd), jnp.array([1.0, 1, 1, 0]),
+                             1.5, key))
+    np.testing.assert_array_equal(allowed[:, 1:], np.ones((4, 3), bool))
+    assert allowed[0, 0] and allowed[1:3, 0].sum() == 1, allowed
+
+
 @pytest.mark.parametrize("name", ["jittered_ipm", "spread_edge"])
 def test_ball_cap_holds_where_cap_duplicates_does_not(name):
   """Untied attacks (IPM with every row jittered by 1% of its norm; the
