@@ -320,8 +320,9 @@ def test_alie_default_z_stays_finite_for_a_byzantine_majority(f):
   Phi^{-1}(1 - 1e-6) = 4.75, and the Byzantine rows are mu - z sd of the
   benign rows (1 and 3: 2 - 4.75; one benign row: sd 0, the row itself).
   Seen to fail when the clip's upper end is 2 - 1e-6 (session 15's sampled
-  survivor attacks #23: z = Phi^{-1}(1) = inf, or NaN past 1); every other
-  test had a benign majority."""
+  survivor attacks #23: z = Phi^{-1}(1) = inf, or NaN past 1) and when it
+  is 1 + 1e-6 (session 16's census survivor attacks #22, at 9158dc9: the
+  same inf and NaN); every other test had a benign majority."""
   messages = jnp.array([[1.0], [3.0], [0.0], [0.0], [0.0]])
   if f == 4:
     messages = messages.at[1].set(0.0)
