@@ -835,6 +835,18 @@ def test_weights_with_a_non_finite_entry_are_refused():
       aggregators.mean()(x, np.array([1.0, bad, 1.0], np.float32))
 
 
+def test_weights_with_one_negative_entry_are_refused():
+  """Concrete weights must all be non-negative: [1, -1, 1] is refused with
+  ValueError even though the other entries are positive. Seen to fail when
+  only all-negative weights are refused (`np.any(w < 0)` -> `np.all` in
+  `base.check_weights`, census survivor aggregators #5 at 9158dc9: the
+  weights pass and the row of weight -1 is silently absent, mean (2, 3);
+  the argument tests tried only -1 everywhere)."""
+  x = jnp.arange(6.0).reshape(3, 2)
+  with pytest.raises(ValueError, match="non-negative"):
+    aggregators.mean()(x, np.array([1.0, -1.0, 1.0], np.float32))
+
+
 def test_krum_scores_are_sums_of_squared_distances():
   """`selection.krum_scores` for points 0, 1, 2.2, 3.5, 10 and f = 1 (the 2
   nearest others): 1 + 4.84, 1 + 1.44, 1.44 + 1.69, 1.69 + 6.25, 42.25 +
