@@ -360,8 +360,12 @@ def test_min_max_sends_the_benign_mean_when_no_gamma_fits(use_sum):
   past either bound, so no gamma is accepted and gamma stays 0: the
   Byzantine row is the benign mean, 0.
   Seen to fail when the accepted gamma starts at gamma_init instead of 0
-  (session 15's sampled survivor attacks #325: -10 sent); in every other
-  test some gamma was accepted, which overwrites the start."""
+  (session 15's sampled survivor attacks #325: -10 sent) and when the
+  search keeps the rejected gamma instead of the accepted one (session 16's
+  census survivor attacks #313, at 9158dc9, where(ok, gamma, good) ->
+  where(ok, good, gamma): 10 kept, -10 sent); in every other test some
+  gamma was accepted, which overwrites the start, and after 30 halvings
+  the last rejected gamma is within 2^-30 gamma_init of the accepted one."""
   attack = prfl.attacks.min_sum if use_sum else prfl.attacks.min_max
   messages = jnp.array([[-1.0], [1.0], [5.0]])
   byzantine = jnp.array([False, False, True])
