@@ -49,6 +49,18 @@ def test_oracle_rejects_a_negative_cluster_id_anywhere():
                            clusters=[0, -1])
 
 
+def test_oracle_refuses_zero_clients_when_built():
+  """An empty `clusters` (no clients) is refused by the factory, before any
+  compile, with the argument's name, whatever the empty array's dtype.
+  Seen to fail on the code before the check: an empty int array built an
+  oracle whose `step` died in a reshape with a bare ZeroDivisionError
+  (`integer modulo by zero`), and `[]` (float64) was refused as not an
+  integer array."""
+  for bad in ([], np.array([], np.int32), np.zeros((0, 3), np.int32)):
+    with pytest.raises(ValueError, match="`clusters` is empty"):
+      prfl.algorithms.oracle(shifted_quadratic, optax.sgd(0.5), clusters=bad)
+
+
 def test_oracle_refuses_float_ids_and_a_2d_id_array_each_alone():
   """Either fault alone is refused when the oracle is built: float ids
   [0.0, 1.0] (1-D) and integer ids [[0, 1]] (2-D). Seen to fail with the

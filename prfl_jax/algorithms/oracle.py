@@ -39,20 +39,29 @@ def oracle(loss_fn, optimizer: optax.GradientTransformation, *,
     loss_fn: `loss_fn(params, batch) -> scalar` for one client.
     optimizer: optax optimizer, applied per client to its cluster's mean
       gradient.
-    clusters: `[N]` int true cluster of every client (concrete).
+    clusters: `[N]` int true cluster of every client (concrete), N >= 1.
 
   Returns:
     `Algorithm(init, step)`.
+
+  Raises:
+    ValueError: if `clusters` is empty (no clients), not a 1-D integer
+      array, or has a negative id; from `init`, if `params` has other than
+      N clients.
   """
   base.check_optimizer(optimizer)
   clusters = np.asarray(clusters)
+  if clusters.size == 0:
+    raise ValueError(
+        "`clusters` is empty: the oracle needs at least one client (one "
+        "cluster id per client).")
   if clusters.ndim != 1 or not np.issubdtype(clusters.dtype, np.integer):
     raise ValueError(
         f"`clusters` must be a 1-D integer array, got {clusters.dtype} of shape "
         f"{clusters.shape}.")
-  if clusters.size and clusters.min() < 0:
+  if clusters.min() < 0:
     raise ValueError("`clusters` must be non-negative cluster ids.")
-  num_clusters = int(clusters.max()) + 1 if clusters.size else 0
+  num_clusters = int(clusters.max()) + 1
   clusters = jnp.asarray(clusters, jnp.int32)
 
   def init(params, *, byzantine=None) -> OracleState:
