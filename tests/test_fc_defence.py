@@ -97,6 +97,35 @@ def test_dropped_rows_reach_clustering_as_nan():
                                 np.asarray(msgs["x"])[[0, 2]])
 
 
+def test_the_pre_aggregators_key_is_no_attacks_key():
+  """`message_fn` hands the pre-aggregator a key no attack draws from: not
+  the message key, nor `fold_in(key, c)` for any c < 4096, which covers the
+  jittered wrapper's streams (c = 0, 1) and `split(key, n)[c]` for every
+  n > c (the same keys in JAX's partitionable threefry, checked here for
+  n = 8: the attacks' per-leaf splits). Seen to fail with the old
+  `_PRE_KEY = 1`: the pre-aggregator drew from `fold_in(key, 1)`, the
+  stream of `attacks.jittered`'s noise (and the second leaf's key of every
+  attack that splits per leaf)."""
+  seen = []
+
+  def pre(messages, weights, key):
+    seen.append(jax.random.key_data(key))
+    return messages, weights
+  fn = fc_defence.message_fn(None, pre, jnp.zeros(2, bool), jnp.ones(2))
+
+  @jax.jit
+  def keys(key):
+    fn({"x": jnp.zeros((2, 1))}, 0, key)
+    taken = jax.vmap(lambda c: jax.random.key_data(jax.random.fold_in(
+        key, c)))(jnp.arange(4096))
+    return (seen[0], taken, jax.random.key_data(jax.random.split(key, 8)),
+            jax.random.key_data(key))
+  got, taken, split, own = map(np.asarray, keys(jax.random.key(3)))
+  np.testing.assert_array_equal(split, taken[:8])
+  assert not np.any(np.all(taken == got, axis=1))
+  assert not np.array_equal(got, own)
+
+
 def test_cap_duplicates_keeps_one_row_per_tie_group():
   x = jnp.array([[1.0, 2.0], [3.0, 0.0], [1.0, 2.0], [1.0, 2.0 + 1e-4],
                  [3.0, 0.1], [np.nan, 0.0]])
