@@ -339,6 +339,20 @@ def test_signguard_draws_coord_frac_of_the_coordinates(monkeypatch):
   assert sizes == [(8, (4,)), (8, (1,))]
 
 
+def test_signguard_takes_coord_frac_in_zero_to_one():
+  """`coord_frac` is a share of the coordinates: 1 (the default) and 0.5
+  are accepted, 1.5 and 0 refused with ValueError naming it. Seen to fail
+  when the upper bound is 2 + 1e-9 instead of 1 + 1e-9 (`1e-9` ->
+  `1.000000001` in `1.0 + 1e-9`, session 16's census survivor aggregators
+  #345 at 9158dc9: 1.5 passes, and the rule silently reads every
+  coordinate; no test tried a share above 1)."""
+  aggregators.signguard(coord_frac=1.0)
+  aggregators.signguard(coord_frac=0.5)
+  for bad in (1.5, 0.0):
+    with pytest.raises(ValueError, match="coord_frac"):
+      aggregators.signguard(coord_frac=bad)
+
+
 def test_top_direction_returns_squared_projections_on_the_unit_vector():
   """`spectral.top_direction` against NumPy's covariance eigenpair: tau_i
   = ((x_i - mu)^T v)^2 with v of unit length, for a spread whose top
@@ -466,7 +480,9 @@ def test_sign_features_count_zeros_apart_from_positive_entries():
   aggregators #285: 3/4 and 1 positive; the other tests' rows had no exact
   zero or the same share of them in every row, where the shift is common
   to all rows and the clustering does not see it), and when entries below
-  1 count as negative (`flat < 0` -> `flat < 1`, #290: 3/4 and 3/4)."""
+  1 count as negative (`flat < 0` -> `flat < 1`, #290: 3/4 and 3/4) or
+  zeros count as negative (`flat < 0` -> `flat <= 0`, session 16's census
+  survivor aggregators #289 at 9158dc9: 3/4 and 3/4)."""
   got = jax.jit(signs.sign_features)(
       jnp.array([[2.0, 0.0, -1.0, 0.0], [0.0, 0.0, 0.0, 3.0]]))
   np.testing.assert_array_equal(got, [[0.25, 0.5, 0.25], [0.25, 0.75, 0.0]])
@@ -604,7 +620,9 @@ def test_unflatten_inverts_flatten_for_several_leaves():
   Seen to fail when the offset moves back instead of on (`offset + size` ->
   `offset - size`, session 15's sampled survivor aggregators #36: the
   second leaf reads the first's entries; no library code calls `unflatten`
-  at present, so no other test did)."""
+  at present, so no other test did), and when it moves back after each
+  leaf (`offset += size` -> `offset -= size`, session 16's census survivor
+  aggregators #37 at 9158dc9: the second leaf reads from offset -2)."""
   from prfl_jax.aggregators import base
   tree = {"b": np.arange(4.0, dtype=np.float32).reshape(2, 2),
           "w": 10.0 + np.arange(12.0, dtype=np.float32).reshape(2, 2, 3)}
