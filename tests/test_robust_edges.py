@@ -564,6 +564,19 @@ def test_meamed_breaks_ties_in_the_gap_by_lower_row_among_many_rows():
                              rtol=1e-6)
 
 
+def test_meamed_takes_a_large_f_when_n_is_larger_still():
+  """Meamed's f is bounded only by N, known at the call: f = 45 with 91
+  rows, 0, 1, ..., 45 and 1000, ..., 1044: the median is 45, the n - f = 46
+  values nearest it are 0..45, mean 22.5. Seen to fail when the check at
+  construction uses N = 90 instead of 10^9 (`10 ** 9` -> `10 * 9` in
+  `mean_around_median`, session 16's census survivor aggregators #107 at
+  9158dc9: meamed(45) is refused before any message is seen; the other
+  tests' f was at most 9)."""
+  x = jnp.concatenate([jnp.arange(46.0), 1000.0 + jnp.arange(45.0)])[:, None]
+  np.testing.assert_allclose(jax.jit(aggregators.meamed(45))(x), [22.5],
+                             rtol=1e-6)
+
+
 def test_krum_allows_no_byzantine_client():
   """f = 0 is a valid Krum (N = 4 > 2): scores over the 2 nearest others,
   for 0, 1, 1.5, 10: 3.25, 1.25, 2.5, 153.25, so Krum returns 1; f = -1 is
@@ -622,7 +635,9 @@ def test_unflatten_inverts_flatten_for_several_leaves():
   second leaf reads the first's entries; no library code calls `unflatten`
   at present, so no other test did), and when it moves back after each
   leaf (`offset += size` -> `offset -= size`, session 16's census survivor
-  aggregators #37 at 9158dc9: the second leaf reads from offset -2)."""
+  aggregators #37 at 9158dc9: the second leaf reads from offset -2) or
+  starts at 1 (`offset = 0` -> `1`, census survivor #35: the first leaf
+  reads entries 1-2)."""
   from prfl_jax.aggregators import base
   tree = {"b": np.arange(4.0, dtype=np.float32).reshape(2, 2),
           "w": 10.0 + np.arange(12.0, dtype=np.float32).reshape(2, 2, 3)}
