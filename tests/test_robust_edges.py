@@ -897,6 +897,22 @@ def test_krum_scores_are_sums_of_squared_distances():
       got, [5.84, 2.44, 3.13, 7.94, 103.09, np.inf], rtol=1e-5)
 
 
+def test_mean_shift_bandwidth_rank_stays_below_count_at_a_quantile_near_one():
+  """bandwidth_quantile = 1 - 1e-8 is below 1, but float32 rounds it to 1,
+  so floor(q * 4) = 4 for 4 present points 0, 1, 2, 10: the rank is
+  clipped to count - 1 = 3, each point's farthest other point (10, 9, 8,
+  10), h = 9.25, and every mode climbs to 3.25: one cluster of all four
+  (NumPy by hand). Seen to fail when the cap is count + 1 (`count - 1` ->
+  `count + 1` in the clip, session 16's census survivor aggregators #302
+  at 9158dc9: rank 4 reads past the sorted row, h is NaN and the cluster
+  is empty; below float32's rounding floor(q * count) <= count - 1 and the
+  cap never acts)."""
+  got = jax.jit(signs.largest_mean_shift_cluster, static_argnums=(2, 3))(
+      jnp.array([[0.0], [1.0], [2.0], [10.0]]), jnp.ones(4, bool),
+      1.0 - 1e-8, 10)
+  np.testing.assert_array_equal(got, [True, True, True, True])
+
+
 def test_mean_shift_joins_two_points_into_one_cluster():
   """Two present points 0 and 1: the bandwidth takes each point's nearest
   other point (k = 1 is both the least and the largest rank allowed, count
