@@ -706,6 +706,32 @@ def test_dnc_allows_no_byzantine_client():
     aggregators.dnc(-1)
 
 
+def test_mda_and_smea_allow_no_byzantine_client():
+  """f = 0 is a valid MDA and SMEA: the one subset of n - 0 rows is every
+  row, and the mean of 0, 1, 5 is 2; f = -1 is refused. Seen to fail when
+  f must be at least 1 (`minimum=0` -> `1` in `subsets._subset_rule`,
+  session 16's census survivor aggregators #473 at 9158dc9: both refuse
+  f = 0; the other tests use f >= 1)."""
+  x = jnp.array([[0.0], [1.0], [5.0]])
+  for rule in (aggregators.mda, aggregators.smea):
+    np.testing.assert_allclose(jax.jit(rule(0))(x), [2.0], rtol=1e-6)
+    with pytest.raises(ValueError, match="num_byzantine"):
+      rule(-1)
+
+
+def test_dnc_filter_frac_is_below_two():
+  """DnC's filter_frac c removes floor(c f) rows per pass and is in [0, 2):
+  0 and 1.5 are accepted, 2 and 2.5 refused with ValueError naming it.
+  Seen to fail when the bound is 3 (`2.0` -> `3.0` in `dnc`'s check,
+  session 16's census survivor aggregators #443 at 9158dc9: 2 and 2.5
+  pass; no test tried a share at or above 2)."""
+  aggregators.dnc(1, filter_frac=0.0)
+  aggregators.dnc(1, filter_frac=1.5)
+  for bad in (2.0, 2.5):
+    with pytest.raises(ValueError, match="filter_frac"):
+      aggregators.dnc(1, filter_frac=bad)
+
+
 def test_dnc_draws_distinct_coordinates_per_pass():
   """Rows (3, 3, 3) and (0, 0, 4) among three near 0, f = 1, 2 of the 3
   coordinates per pass: every pair of distinct coordinates scores (3, 3, 3)
