@@ -71,6 +71,31 @@ def test_oracle_refuses_float_ids_and_a_2d_id_array_each_alone():
       prfl.algorithms.oracle(shifted_quadratic, optax.sgd(0.5), clusters=bad)
 
 
+def test_as_many_clusters_or_groups_as_clients_is_allowed():
+  """`num_clusters` / `num_groups` may equal N (every client its own
+  cluster); only N + 1 is refused. Seen to fail with `count >= num_clients`
+  (census survivor algorithms #15 at 9158dc9: N = 3 of 3 refused, in the
+  check and in Myopic-Clustering's and Federated-Clustering's init); no
+  test built a run with exactly N."""
+  from prfl_jax.algorithms import base
+  base.check_at_most_clients(3, "num_clusters", 3)
+  with pytest.raises(ValueError, match="`num_clusters`=4 exceeds"):
+    base.check_at_most_clients(4, "num_clusters", 3)
+  params = jnp.zeros((3, 2))
+  state = prfl.algorithms.myopic_clustering(
+      shifted_quadratic, optax.sgd(0.5), num_clusters=3,
+      radius=1.0).init(params)
+  assert state.assignment.shape == (3,)
+  state = prfl.algorithms.federated_clustering(
+      shifted_quadratic, optax.sgd(0.5), radius=1.0,
+      num_groups=3).init(params)
+  assert int(state.round) == 0
+  with pytest.raises(ValueError, match="`num_groups`=4 exceeds"):
+    prfl.algorithms.federated_clustering(
+        shifted_quadratic, optax.sgd(0.5), radius=1.0,
+        num_groups=4).init(params)
+
+
 def test_fedavg_gradient_averaging():
   alg = prfl.algorithms.fedavg(shifted_quadratic, optax.sgd(0.5))
   state, _ = alg.step(alg.init(jnp.zeros((4, 1))), C, jax.random.key(0))
