@@ -123,3 +123,19 @@ def test_hypcluster_keeps_an_empty_hypothesis():
   state, _ = step(state, jnp.full((4, 1), -10.0), jax.random.key(1))
   np.testing.assert_array_equal(state.assignment, [0, 0, 0, 0])
   np.testing.assert_allclose(state.models[1], 4.3, rtol=1e-6)
+
+
+def test_hypcluster_steps_a_hypothesis_with_one_client():
+  """SGD 0.5, hypotheses 0 and 10, targets 0, 1, 8: clients 0-1 pick
+  hypothesis 0 (mean gradient -0.5: 0.25) and client 2 alone picks
+  hypothesis 1 (gradient 10 - 8 = 2: 10 - 0.5 * 2 = 9). Seen to fail with
+  `sizes > 1` for the non-empty test (census survivor algorithms #167 at
+  9158dc9: the lone client's hypothesis stays 10); in the tests above
+  every hypothesis in use had two or more clients."""
+  alg = hypcluster(quadratic, optax.sgd(0.5), num_clusters=2,
+                   init_models=jnp.array([0.0, 10.0]))
+  state, _ = jax.jit(alg.step)(alg.init(jnp.zeros(3)),
+                               jnp.array([[0.0], [1.0], [8.0]]),
+                               jax.random.key(0))
+  np.testing.assert_array_equal(state.assignment, [0, 0, 1])
+  np.testing.assert_allclose(state.models, [0.25, 9.0], rtol=1e-6)
