@@ -114,6 +114,11 @@ def test_bad_arguments():
                         # check; session 15's sampled survivor algorithms
                         # #201 refused only an all-NaN grid).
                         ({"lambdas": [0.0, float("nan")]}, "lambdas"),
+                        # One value out of [0, 1] among good ones (census
+                        # survivor algorithms #203 at 9158dc9, np.any ->
+                        # np.all: refused only a grid wholly outside).
+                        ({"lambdas": [0.0, 1.5]}, "lambdas"),
+                        ({"lambdas": [-0.5, 0.5]}, "lambdas"),
                         ({"num_classes": 1}, "num_classes")):
     args = {"k": 3, "num_classes": 2}
     args.update(kwargs)
