@@ -463,7 +463,9 @@ def test_bucket_means_gives_an_empty_bucket_a_zero_row_of_weight_zero():
   (the module's contract for absent rows). Seen to fail when the bucket's
   total is divided by also at 0 (`where(total > 0, total, 1.0)` -> `total
   >= 0`, session 15's sampled survivor aggregators #233: 0 / 0, NaN rows;
-  the reference test has no empty bucket)."""
+  the reference test has no empty bucket), and when an empty bucket's
+  weight is 1 (`0.0` -> `1.0` in the returned weights, session 16's census
+  survivor aggregators #243 at 9158dc9: weights 2, 1, 1, 1)."""
   x = jnp.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0]])
   means, w = jax.jit(aggregators.bucket_means, static_argnums=2)(
       {"x": x}, jnp.arange(4), 1, jnp.array([2.0, 0.0, 0.0, 1.0]))
