@@ -112,6 +112,25 @@ def test_no_split_when_the_largest_update_norm_equals_eps2():
 
 
 
+def test_a_cluster_of_exactly_min_split_size_clients_splits():
+  """Two clients, targets (1, 0) and (-1, 0), SGD 0.5 from 0: updates
+  (0.5, 0) and (-0.5, 0), mean 0 < eps1, norms 0.5 > eps2. With
+  min_split_size=2 (the smallest allowed) the cluster of 2 splits: each
+  client alone, its params its own update. Seen to fail with
+  `sizes > min_split_size` (census survivor algorithms #265 at 9158dc9: no
+  split, both params at the mean 0) and with the bound `minimum=3` (#260:
+  min_split_size=2 refused); the tests above used the default 3 with 5
+  clients, or 6 (`test_split_conditions`: no split)."""
+  alg = cfl(quadratic, optax.sgd(0.5), eps1=0.1, eps2=0.3, max_clusters=2,
+            min_split_size=2)
+  state, _ = jax.jit(alg.step)(alg.init(jnp.zeros((2, 2))),
+                               jnp.array([[[1.0, 0.0]], [[-1.0, 0.0]]]),
+                               jax.random.PRNGKey(0))
+  assert int(state.num_clusters) == 2
+  np.testing.assert_array_equal(state.clusters, [0, 1])
+  np.testing.assert_allclose(state.params, [[0.5, 0.0], [-0.5, 0.0]])
+
+
 def test_warmup_counts_the_rounds_done():
   """`warmup_rounds=2` on the stationary federation of
   `test_two_rounds_match_numpy` (its mean update is 0, so the parameters
