@@ -49,6 +49,27 @@ def test_bipartition_is_optimal():
     np.testing.assert_allclose(cross, best, atol=1e-5)
 
 
+
+def test_bipartition_on_tied_similarities_splits_off_the_first_member_alone():
+  """Mutually orthogonal members (similarity 0 between every pair): every
+  bipartition has cross-similarity 0 and is optimal, so the split is Prim's
+  tie rule. A vertex keeps the tree edge found first (a later vertex of
+  equal similarity does not take it over): every member hangs off the
+  root, and the weakest edge (the first of the ties) cuts off the first
+  non-root member alone: {1} of members 0-3, {2} of members 0, 2, 3.
+  Pinned so that a run on tied updates (clients at their optimum send 0,
+  of cosine 0 to everyone) splits the same way every time. Seen to fail
+  with `similarity[j] >= c.best` (census survivor algorithms #243 at
+  9158dc9: a chain 0-1-2-3, the cut moves {1, 2, 3} and {2, 3}, also of
+  cross-similarity 0); `test_bipartition_is_optimal` checks only the
+  cross-similarity, equal for every optimal split."""
+  split = jax.jit(bipartition)
+  for members, moved in (([1, 1, 1, 1], [0, 1, 0, 0]),
+                         ([1, 0, 1, 1], [0, 0, 1, 0])):
+    second, cross = split(jnp.eye(4), jnp.asarray(members, bool))
+    np.testing.assert_array_equal(second, np.asarray(moved, bool))
+    assert float(cross) == 0.0
+
 TARGETS = np.array([[1.0, 0.0], [1.0, 0.2], [-1.0, 0.0], [-1.0, -0.2],
                     [0.0, 0.0]])
 
