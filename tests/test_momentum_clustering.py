@@ -1,6 +1,7 @@
 """Tests of Momentum-Clustering (Algorithm 3)."""
 
 import functools
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +44,29 @@ def test_two_rounds_by_hand():
   a = np.asarray(state.assignment)
   assert a[0] == a[1] and a[2] == a[3] and a[0] != a[2]
 
+
+def test_paper_literal_keeps_every_clients_own_model_at_seeding():
+  """Algorithm 3 as written has no model averaging: seeded at round 0 with
+  clients at 0, 2, 10, 12 and targets 0, 0, 10, 10 (alpha 1: momenta 0, 2,
+  0, 2; radius 1: balls {0, 2} and {1, 3}, centres 0 and 2), each client
+  steps from its own model: 0, 2 - 0.2, 10, 12 - 0.2 (lr 0.1). Seen to fail
+  with `"seed_average": True` in PAPER_LITERAL (census survivor algorithms
+  #300 at 9158dc9: the centres' mean models 5 and 7, so 5, 6.8, 5, 6.8);
+  the other PAPER tests start every client at 0, where the mean is the
+  same. The constant is read from the module when the test runs (not
+  bound at import like PAPER above), so that an in-process mutation run,
+  which rebinds the module's name, reaches it."""
+  literal = sys.modules[
+      "prfl_jax.algorithms.momentum_clustering"].PAPER_LITERAL
+  alg = prfl.algorithms.momentum_clustering(
+      shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=1.0,
+      num_iters=1, alpha=1.0, **literal)
+  state = alg.init(jnp.array([[0.0], [2.0], [10.0], [12.0]]))
+  state, _ = jax.jit(alg.step)(state, C[:, None], jax.random.key(0))
+  np.testing.assert_allclose(state.params[:, 0], [0.0, 1.8, 10.0, 11.8],
+                             rtol=1e-6)
+  a = np.asarray(state.assignment)
+  assert a[0] == a[2] and a[1] == a[3] and a[0] != a[1]
 
 def test_carried_weight_is_what_the_balls_leave_to_the_seeds():
   """The round of `test_two_rounds_by_hand` (alpha 1, momenta 0, 0, -10,
