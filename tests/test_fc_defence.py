@@ -262,6 +262,47 @@ def test_cap_balls_rounds_a_fractional_cap_up():
     assert allowed[0, 0] and allowed[1:3, 0].sum() == 1, allowed
 
 
+def test_cap_balls_allows_at_least_one_ball():
+  """M = max(ceil(ball_cap * median), 1). Counts 3, 1, 1, 1 (median 1,
+  ball_cap 1: M = 1): sender 0 keeps only its own ball. Counts 2, 0, 0, 0
+  (senders 1-3 in no ball, as a median client under tied IPM copies:
+  median 0, so M = 1 even at ball_cap 100): sender 0 again keeps only its
+  own ball. Everyone else is allowed everywhere. Seen to fail with the
+  floor 2 (census survivor algorithms #564 at 9158dc9: sender 0 keeps a
+  second ball); every other test's cap was 2 or more, or nobody was over
+  a cap of 1."""
+  cap = jax.jit(fc_defence.cap_balls)
+  one = np.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [0, 0, 0, 1]],
+                 bool)  # Models x senders: counts 3, 1, 1, 1.
+  none = np.zeros((4, 4), bool)
+  none[:2, 0] = True  # Counts 2, 0, 0, 0.
+  for inside, ball_cap in ((one, 1.0), (none, 1.0), (none, 100.0)):
+    allowed = np.asarray(cap(jnp.asarray(inside), jnp.ones(4), ball_cap,
+                             jax.random.key(0)))
+    np.testing.assert_array_equal(allowed[:, 0], [True, False, False, False])
+    np.testing.assert_array_equal(allowed[:, 1:], np.ones((4, 3), bool))
+
+
+def test_message_fn_drops_disallowed_rows_even_without_attack_or_pre():
+  """The second pass of the ball cap with no attack and no pre-aggregator
+  still drops the messages `allowed` excludes at model i (NaN rows: outside
+  every ball); with nothing to do at all there is no `message_fn` (None).
+  Seen to fail with `allowed is not None` in the early return (census
+  survivor algorithms #528 at 9158dc9: None returned for an honest capped
+  group, so the cap changed nothing without an attack or pre-aggregator;
+  an identity function for an undefended one)."""
+  weights, byzantine = jnp.ones(3), jnp.zeros(3, bool)
+  assert fc_defence.message_fn(None, None, byzantine, weights) is None
+  allowed = jnp.array([[True, False, True], [True, True, True],
+                       [False, True, True]])
+  fn = fc_defence.message_fn(None, None, byzantine, weights, allowed)
+  grads = jnp.arange(6.0).reshape(3, 2)
+  for i, want in ((0, [[0, 1], [np.nan, np.nan], [4, 5]]),
+                  (1, [[0, 1], [2, 3], [4, 5]]),
+                  (2, [[np.nan, np.nan], [2, 3], [4, 5]])):
+    np.testing.assert_array_equal(fn(grads, i, jax.random.key(0)), want)
+
+
 @pytest.mark.parametrize("name", ["jittered_ipm", "spread_edge"])
 def test_ball_cap_holds_where_cap_duplicates_does_not(name):
   """Untied attacks (IPM with every row jittered by 1% of its norm; the
