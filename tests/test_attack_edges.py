@@ -372,3 +372,42 @@ def test_min_max_sends_the_benign_mean_when_no_gamma_fits(use_sum):
   out = jax.jit(attack(gamma_init=10.0, steps=1))(messages, byzantine,
                                                   jax.random.key(0))
   np.testing.assert_array_equal(out, [[-1.0], [1.0], [0.0]])
+
+
+@pytest.mark.parametrize("use_sum", [False, True])
+def test_min_max_accepts_a_gamma_exactly_at_the_bound(use_sum):
+  """Benign rows -1 and 1 (mean 0, sd 1, p = -1), one search step at
+  gamma_init 1: the bad row -1 is 0 and 2 from the benign rows, squared
+  0 and 4, so its largest squared gap (Min-Max) and their sum (Min-Sum)
+  are 4, exactly the bound (the largest squared benign distance, and the
+  largest benign row sum of them, both 4): the condition is `<=`, gamma 1
+  is accepted and -1 sent. Seen to fail when the condition is `<`
+  (session 16's census survivor attacks #310, at 9158dc9: gamma 1
+  rejected, the mean 0 sent); no other test put a gamma on the bound."""
+  attack = prfl.attacks.min_sum if use_sum else prfl.attacks.min_max
+  messages = jnp.array([[-1.0], [1.0], [5.0]])
+  byzantine = jnp.array([False, False, True])
+  out = jax.jit(attack(gamma_init=1.0, steps=1))(messages, byzantine,
+                                                 jax.random.key(0))
+  np.testing.assert_array_equal(out, [[-1.0], [1.0], [-1.0]])
+
+
+def test_fang_trimmed_mean_counts_a_zero_mean_as_not_positive():
+  """Fang et al.'s Section 4.3 draws below the benign minimum where
+  `s_k = sign(mu_k) > 0` and above the maximum elsewhere, so a coordinate
+  whose benign mean is exactly 0 (benign values -1 and 1) gets values in
+  [hi, b hi] = [1, 2] at b = 2; the second coordinate (values 1 and 3,
+  mean 2 > 0) gets [lo / b, lo] = [0.5, 1]. 40 Byzantine rows fill each
+  interval. Seen to fail when the test is `mu >= 0` (session 16's census
+  survivor attacks #165, at 9158dc9: the zero-mean coordinate drawn in
+  [b lo, lo] = [-2, -1]); no other test had a zero benign mean."""
+  benign = np.array([[-1.0, 1.0], [1.0, 3.0]])
+  msgs = jnp.asarray(np.vstack([benign, np.zeros((40, 2))]), jnp.float32)
+  byz = jnp.arange(42) >= 2
+  out = np.asarray(jax.jit(prfl.attacks.fang_trimmed_mean(2.0))(
+      msgs, byz, jax.random.key(0)))
+  lo, hi = out[2:].min(0), out[2:].max(0)
+  start, end = np.array([1.0, 0.5]), np.array([2.0, 1.0])
+  assert np.all(lo >= start - 1e-6) and np.all(hi <= end + 1e-6)
+  assert np.all(hi - lo > 0.9 * (end - start))
+  np.testing.assert_array_equal(out[:2], benign)
