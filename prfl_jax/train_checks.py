@@ -57,14 +57,17 @@ def _real_rows(tree: Any, num_examples) -> list:
 
 
 def check_examples(data: federated.FederatedData):
-  """Raises ValueError if clients have no training examples or the real rows
-  of `data` hold NaN or Inf (which would silently turn those clients' models
-  NaN). Padding rows (`data.num_examples`, or a `Padded` test set's mask)
-  are not read.
+  """Raises ValueError if there are no clients, clients have no training
+  examples or the real rows of `data` hold NaN or Inf (which would silently
+  turn those clients' models NaN). Padding rows (`data.num_examples`, or a
+  `Padded` test set's mask) are not read.
 
   Args:
     data: the federation; `data.train` leaves `[N, M, ...]`.
   """
+  if np.size(data.clusters) == 0:
+    raise ValueError(
+        "`data` has no clients (leaves [0, ...]); a run needs at least one.")
   if federated.num_rows(data.train) == 0:
     raise ValueError(
         "`data.train` has 0 examples per client (leaves [N, 0, ...]); every "

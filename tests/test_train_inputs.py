@@ -183,6 +183,23 @@ def test_zero_examples_per_client_is_refused(data):
     prfl.train(_local(), jnp.zeros((6, 4)), empty, num_rounds=1, **_KW)
 
 
+def test_zero_clients_are_refused():
+  """A federation of no clients (leaves [0, ...], clusters []) is refused by
+  name on the dense and the cohort path, before anything compiles. Failed
+  before the fix: a bare ZeroDivisionError (integer modulo by zero) from
+  the NaN check's reshape of the empty leaf; integer data got past it and
+  died the same way in the first step. The census survivor train #29 at
+  9158dc9 (`train`'s cluster count for no clients `else 1` -> `else 2`) is
+  the branch this refusal makes unreachable."""
+  none = prfl.data.FederatedData(
+      train=(jnp.zeros((0, 5, 4)), jnp.zeros((0, 5))),
+      test=(jnp.zeros((0, 5, 4)), jnp.zeros((0, 5))),
+      clusters=np.zeros(0, np.int32))
+  for alg in (_local(), _cohort()):
+    with pytest.raises(ValueError, match="`data` has no clients"):
+      prfl.train(alg, jnp.zeros((0, 4)), none, num_rounds=1, **_KW)
+
+
 def _cohort():
   return prfl.participation.cohort(_local(), cohort_size=2)
 
