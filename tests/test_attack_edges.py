@@ -411,3 +411,24 @@ def test_fang_trimmed_mean_counts_a_zero_mean_as_not_positive():
   assert np.all(lo >= start - 1e-6) and np.all(hi <= end + 1e-6)
   assert np.all(hi - lo > 0.9 * (end - start))
   np.testing.assert_array_equal(out[:2], benign)
+
+
+def test_jittered_moves_one_coordinate_rows_by_scale_times_their_norm():
+  """One coordinate, 8 Byzantine rows of 10 (messages 1, ..., 10): the
+  bit flip sends -x_j, and `jittered` adds `0.1 |x_j| e_j / |e_j|`, so
+  each Byzantine row is -0.9 x_j or -1.1 x_j (by the sign of its normal
+  draw e_j): moved by exactly 0.1 of its norm, however small |e_j|.
+  Seen to fail when the noise's squared norm is floored at 1 instead of
+  1e-30 (session 16's census survivor attacks #48, at 9158dc9: rows whose
+  draw has |e_j| < 1, two in three in one dimension, move by only
+  0.1 |x_j| |e_j|); the other jitter test has 5 coordinates, where
+  |e_j|^2 is rarely below 1."""
+  x = jnp.arange(1.0, 11.0)[:, None]
+  byzantine = jnp.arange(10) >= 2
+  out = np.asarray(jax.jit(prfl.attacks.jittered(prfl.attacks.bit_flip(),
+                                                 0.1))(x, byzantine,
+                                                       jax.random.key(4)))
+  want = np.arange(1.0, 11.0)
+  np.testing.assert_array_equal(out[:2, 0], want[:2])
+  np.testing.assert_allclose(np.abs(out[2:, 0] + want[2:]), 0.1 * want[2:],
+                             rtol=1e-5)
