@@ -5,6 +5,7 @@ run by hand, not in CI)."""
 import ast
 import dataclasses
 import json
+import shutil
 import signal
 import time
 
@@ -244,3 +245,30 @@ def test_tests_naming_the_mutated_function_run_first(tmp_path, monkeypatch):
   # twice), and a node id listed twice is kept once.
   assert case_first == [a + "TestGroup::test_sibling", a + "test_plain",
                         a + "test_decorated", a + "test_calls_target"]
+
+
+def test_each_worker_session_writes_its_own_persistent_cache(tmp_path):
+  """A worker runs one pytest session per mutant, and tests/conftest.py gives
+  each session a new persistent-cache directory and removes it at the end:
+  after `reset_persistent_cache`, a compile writes into the directory the
+  configuration names now, not into the removed one of the session before.
+  Seen to fail without the reset (the entry went to the removed directory,
+  a warning, and the new one stayed empty); in the worker that made
+  test_train.py's no-cache-miss test fail in every session after the first,
+  with no mutant in (census train #29 at 9158dc9 was counted as killed by
+  it)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  saved = jax.config.jax_compilation_cache_dir
+  first, second = tmp_path / "first", tmp_path / "second"
+  try:
+    for directory, fn in ((first, lambda x: x + 17.25),
+                          (second, lambda x: x * 31.5)):
+      directory.mkdir()
+      workers.reset_persistent_cache()
+      jax.config.update("jax_compilation_cache_dir", str(directory))
+      assert float(jax.jit(fn)(2.0)) in (19.25, 63.0)
+      assert len(list(directory.iterdir())) == 1, directory
+      shutil.rmtree(directory)  # As conftest's cleanup does.
+  finally:
+    workers.reset_persistent_cache()  # Back to the suite's own directory.
+    jax.config.update("jax_compilation_cache_dir", saved)
