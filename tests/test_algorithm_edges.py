@@ -60,6 +60,21 @@ def test_cosine_similarity_of_opposite_vectors_stays_within_minus_one():
   np.testing.assert_allclose(sim, [[1.0, -1.0], [-1.0, 1.0]], atol=1e-6)
 
 
+def test_cosine_similarity_of_an_infinite_row_is_zero():
+  """A message (inf, 0) beside (1, 0) and (-1, 0): its products are inf
+  and -inf over a norm product of inf, NaN, so its whole row and column
+  (its own entry too) are 0, as the docstring says of non-finite entries;
+  the finite rows keep 1 and -1. Seen to fail with non-finite entries set
+  to 1 (census survivor algorithms #76 at 9158dc9: the inf row as similar
+  as can be to both opposite rows); the other tests had finite rows only
+  (a NaN row's NaN norm product gives 0 through `denom > 0` before this
+  select)."""
+  points = {"w": jnp.array([[jnp.inf, 0.0], [1.0, 0.0], [-1.0, 0.0]])}
+  sim = jax.jit(cluster_models.cosine_similarity)(points)
+  np.testing.assert_array_equal(sim, [[0.0, 0.0, 0.0], [0.0, 1.0, -1.0],
+                                      [0.0, -1.0, 1.0]])
+
+
 def test_segment_mean_divides_by_a_total_weight_below_one():
   """Weights 0.25, 0.25 on 2 and 4 (segment 0) and 0.5 on 6 (segment 1):
   totals 0.5 each, means 3 and 6. Seen to fail when only totals above 1
