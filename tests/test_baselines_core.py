@@ -166,7 +166,9 @@ def test_few_rounds_on_synthetic_under_jit(name):
   assert np.all(np.isfinite(result.state.params))
   # `state.round` counts the rounds done (a resumed run starts there): six.
   # Seen to fail for local with `round - 1` (session 15's sampled survivor
-  # algorithms #103: -6; nothing else read Local's counter).
+  # algorithms #103: -6; nothing else read Local's counter), and for
+  # FedAvg and the oracle with `round + 2` (census survivors algorithms #102
+  # and #120 at 9158dc9: 12).
   assert int(result.state.round) == 6
   assert result.history["eval/error"].shape == (3,)
   assert np.all(np.isfinite(result.history["train/loss"]))
