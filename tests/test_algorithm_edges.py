@@ -225,7 +225,8 @@ def test_knn_per_chooses_lambda_on_validation_not_test():
   # The global model alone (logits 0, 5) says class 1, right on the test
   # point. Seen to fail with its prediction taken by argmin (session 15's
   # sampled survivor algorithms #226: 0; the other tests' global models
-  # were uniform, where argmin and argmax both pick class 0).
+  # were uniform, where argmin and argmax both pick class 0), and with `!=`
+  # for `==` (census survivor algorithms #225 at 9158dc9: 0).
   assert float(out["global_accuracy"]) == 1.0
   np.testing.assert_allclose(out["loss"], -np.log(1e-12), rtol=1e-6)
 
@@ -278,8 +279,9 @@ def test_myopic_default_separation_is_zero_with_a_radius_per_centre():
   and each ball holds only its own gradient: two clusters. Seen to fail
   when a non-callable radius of any shape counted as a scalar (session
   15's sampled survivor algorithms #285, `and` -> `or` in the default's
-  test: `float` of the array raised); every test with a radius array gave
-  its separation."""
+  test: `float` of the array raised) and with the default 1.0 for 0.0
+  (census survivor algorithms #289 at 9158dc9: one cluster); every test
+  with a radius array gave its separation."""
   batch = jnp.array([[0.1], [0.12]])
   alg = myopic_clustering(quadratic, optax.sgd(1.0), num_clusters=2,
                           radius=jnp.array([0.01, 0.01]))

@@ -168,7 +168,7 @@ def test_few_rounds_on_synthetic_under_jit(name):
   # Seen to fail for local with `round - 1` (session 15's sampled survivor
   # algorithms #103: -6; nothing else read Local's counter), and for
   # FedAvg and the oracle with `round + 2` (census survivors algorithms #102
-  # and #120 at 9158dc9: 12).
+  # and #120 at 9158dc9: 12) and with `round - 1` (#101 and #119: -6).
   assert int(result.state.round) == 6
   assert result.history["eval/error"].shape == (3,)
   assert np.all(np.isfinite(result.history["train/loss"]))

@@ -57,7 +57,8 @@ def test_jit_linear_regression():
     state, metrics = step(state, batch, jax.random.PRNGKey(r))
   assert state.params.shape == (6, 4) and state.global_params.shape == (4,)
   # Rounds done (a resumed run starts there). Seen to fail with `round + 2`
-  # (session 15's sampled survivor algorithms #127: 6).
+  # (session 15's sampled survivor algorithms #127: 6) and with `round - 1`
+  # (census survivor algorithms #126 at 9158dc9: -3).
   assert int(state.round) == 3
   assert np.all(np.isfinite(np.asarray(state.params)))
   assert all(np.isfinite(v) for v in jax.device_get(metrics).values())

@@ -165,8 +165,10 @@ def test_nearest_neighbour_chain_steps_from_the_point_it_reached():
   """Points 0, 1, 5, 6, -4 on a line: 0 -> 1 -> 5 -> 6 -> -4 (from 1, 5 is
   nearer than -4; from 0 it would not be). Seen to fail when each step
   starts from the point before the last (session 15's sampled survivor
-  algorithms #494, `order[t - 1]` -> `order[t - 2]`: 0 -> 1 -> -4); in the
-  case above both starts reach the same points."""
+  algorithms #494, `order[t - 1]` -> `order[t - 2]`: 0 -> 1 -> -4) and
+  from the unset slot after it (census survivor algorithms #493 at
+  9158dc9, `order[t + 1]`: always from point 0, 0 -> 1 -> -4); in the case
+  above both starts reach the same points."""
   x = jnp.array([0.0, 1.0, 5.0, 6.0, -4.0])
   order = jax.jit(fc_groups.nearest_neighbour_chain)(
       (x[:, None] - x[None]) ** 2)

@@ -74,7 +74,8 @@ def test_carried_weight_is_what_the_balls_leave_to_the_seeds():
   ball holds 2 of the 4 momenta at 1/4 each, so the seed keeps 1/2 of
   every client's direction: carried_weight 0.5. Seen to fail with
   `1 + sum` for `1 - sum` (session 15's sampled survivor algorithms #406:
-  1.5); no test read this metric."""
+  1.5), `2 - sum` (census survivor algorithms #407 at 9158dc9: 1.5) and
+  `1 - mean` (#408: 0.875); no test read this metric."""
   alg = prfl.algorithms.momentum_clustering(
       shifted_quadratic, optax.sgd(0.1), num_clusters=2, radius=1.0,
       num_iters=1, alpha=1.0, **PAPER)
