@@ -708,6 +708,19 @@ def test_dnc_allows_no_byzantine_client():
     aggregators.dnc(-1)
 
 
+def test_mda_compares_diameters_below_one():
+  """Points 0, 0.9, 0.1, 0.2 and f = 1: the squared diameters of the four
+  3-subsets are 0.81, 0.81, 0.04 and 0.64, all below 1, and MDA averages
+  the least, rows 0, 2, 3: 0.1. Seen to fail when the squared distances
+  are floored at 1 instead of 0 (`maximum(..., 0.0)` -> `1.0` in
+  `subsets._diameter`, session 16's census survivor aggregators #481 at
+  9158dc9: every subset's diameter is 1, the first wins, 1/3; the other
+  tests' subsets all had diameters above 1)."""
+  x = jnp.array([[0.0], [0.9], [0.1], [0.2]])
+  np.testing.assert_allclose(jax.jit(aggregators.mda(1))(x), [0.1],
+                             rtol=1e-6)
+
+
 def test_mda_and_smea_allow_no_byzantine_client():
   """f = 0 is a valid MDA and SMEA: the one subset of n - 0 rows is every
   row, and the mean of 0, 1, 5 is 2; f = -1 is refused. Seen to fail when
@@ -757,7 +770,9 @@ def test_arc_allows_f_up_to_n():
   largest norm, 2; f = 3 clips none; f = 4 is refused. Seen to fail when
   the check is f < N - 1 (`n + 1` -> `n - 1` in `arc`, session 15's sampled
   survivor aggregators #246: f = 2 and 3 refused; the other tests use f <
-  N / 2)."""
+  N / 2), and when the threshold's index is capped at N - 2 (`n - 1` -> `n
+  - 2` in the clip, session 16's census survivor aggregators #263 at
+  9158dc9: at f = 3, k = 0, the 10 is clipped to 2)."""
   x = jnp.array([[1.0, 0.0], [0.0, 2.0], [6.0, 8.0]])
   for f, expected in ((2, [[1.0, 0.0], [0.0, 2.0], [1.2, 1.6]]),
                       (3, [[1.0, 0.0], [0.0, 2.0], [6.0, 8.0]])):
