@@ -4,6 +4,10 @@ Each test names the defect it guards against; "failed before the fix" means
 it was run once on the code before the fix and failed there.
 """
 
+import io
+import sys
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,6 +15,7 @@ import optax
 import pytest
 
 import prfl_jax as prfl
+from prfl_jax.train import check_eval_fn
 from prfl_jax.train_checks import check_clusters
 from prfl_jax.train_checks import check_examples
 from prfl_jax.train_checks import check_resume
@@ -333,3 +338,95 @@ def test_resume_accepts_the_states_own_byzantine_mask():
   for other in (np.arange(4) == 0, np.arange(5) == 3):
     with pytest.raises(ValueError, match="`byzantine` differs"):
       check_resume(alg, state, other, 4)
+
+
+def test_progress_lines_read_the_clock_and_are_flushed(data, monkeypatch):
+  """With a fake clock (1000, 1002, 1006, 1007 s), a 5-round run in chunks
+  of 2 records elapsed_s [0, 2, 6, 7] and logs, on stderr, "2.0s elapsed,
+  ~3.0s left" (2 s / 2 rounds x 3 left), "6.0s elapsed, ~1.5s left", "7.0s
+  elapsed, ~0.0s left", each line with the loss of its chunk's last round
+  and flushed at once (a notebook's or a pipe's buffered stderr). Seen to
+  fail, with each mutant applied by hand, for train #55 (elapsed starts at
+  1.0), #66 (`perf_counter() - start` -> `+`), #68 (`now / done` -> `*`),
+  #69 (rounds left `num_rounds - done` -> `+`), #70 (the chunk's last
+  metrics `v[-1]` -> `v[-2]`: an IndexError in the 1-round last chunk) and
+  #24 (`flush=True` -> False), which session 8's run had counted as killed by
+  test_runs_that_differ_in_the_key_share_one_compiled_program, a test that
+  failed in the tool's worker with no mutant in."""
+  clock = iter([1000.0, 1002.0, 1006.0, 1007.0])
+  train_module = sys.modules["prfl_jax.train"]
+  monkeypatch.setattr(train_module, "time",
+                      types.SimpleNamespace(perf_counter=lambda: next(clock)))
+
+  class Stderr(io.StringIO):
+    def __init__(self):
+      super().__init__()
+      self.flushed = []
+
+    def flush(self):
+      self.flushed.append(self.getvalue())
+
+  stderr = Stderr()
+  monkeypatch.setattr(sys, "stderr", stderr)
+  r = prfl.train(_local(), jnp.zeros((6, 4)), data, num_rounds=5,
+                 eval_every=2, key=jax.random.key(0))
+  monkeypatch.undo()
+  np.testing.assert_array_equal(r.history["elapsed_s"], [0.0, 2.0, 6.0, 7.0])
+  lines = stderr.getvalue().splitlines()
+  assert len(lines) == 3
+  for line, (done, now, left) in zip(lines, ((2, 2.0, 3.0), (4, 6.0, 1.5),
+                                             (5, 7.0, 0.0))):
+    assert line.startswith(f"[round {done}/5] ")
+    assert line.endswith(f" | {now:.1f}s elapsed, ~{left:.1f}s left")
+    loss = r.history["train/loss"][done - 1]
+    assert f"train/loss={loss:.4g} " in line, (line, loss)
+  assert stderr.flushed[:3] == [
+      "".join(l + "\n" for l in lines[:k]) for k in (1, 2, 3)]
+
+
+def test_check_eval_fn_takes_bool_scalars_and_refuses_keys():
+  """An evaluation may return booleans (a client's model is right or not):
+  {"right": sum(p) > 0} is a dict of scalars; a PRNG key, neither a number
+  nor a bool, is refused by name. Seen to fail with train #15 applied by
+  hand (`v.dtype != bool` -> `==`: the bool entry refused, the key taken),
+  which session 8's run had counted as killed by a test that failed in the
+  tool's worker with no mutant in."""
+  params, test = jnp.zeros((3, 2)), jnp.zeros((3, 4, 2))
+  check_eval_fn(lambda p, t: {"right": jnp.sum(p) > 0,
+                              "loss": jnp.sum(t)}, params, test)
+  with pytest.raises(TypeError, match="entry 'key'"):
+    check_eval_fn(lambda p, t: {"loss": jnp.sum(p),
+                                "key": jax.random.key(0)}, params, test)
+
+
+def test_params_none_without_initial_state_is_refused(data):
+  """`params` may be None only when `initial_state` gives them: without
+  either, ValueError names `params`. Seen to fail with train #33 applied
+  by hand (`params is None and initial_state is not None` -> `or`: None's
+  `.params`, an AttributeError), which session 8's run had counted as killed
+  by a test that failed in the tool's worker with no mutant in."""
+  with pytest.raises(ValueError, match="`params` has no array leaves"):
+    prfl.train(_local(), None, data, num_rounds=1, **_KW)
+
+
+def test_each_evaluation_runs_once(data):
+  """A 4-round run in chunks of 2 evaluates at rounds 0, 2 and 4, each
+  chunk's evaluation inside the chunk's program and never again after it:
+  a callback in `eval_fn` runs 3 times (once per vmapped evaluation; 18
+  where vmap would call it per client). Seen to fail (5 calls: every
+  chunk's evaluation run a second time, on its own) with train #62 applied
+  by hand (`out[2] if len(out) > 2` -> `> 3` in `_loop`), which session 8's
+  run had counted as killed by a test that failed in the tool's worker with
+  no mutant in; the numbers are the same, the work on the test sets
+  doubles."""
+  calls = []
+
+  def eval_fn(params, test):
+    del test
+    jax.debug.callback(lambda: calls.append(1))
+    return {"size": jnp.sum(params)}
+
+  r = prfl.train(_local(), jnp.zeros((6, 4)), data, num_rounds=4,
+                 eval_every=2, eval_fn=eval_fn, **_KW)
+  np.testing.assert_array_equal(r.history["eval_round"], [0, 2, 4])
+  assert len(calls) in (3, 3 * 6)
