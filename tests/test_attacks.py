@@ -212,6 +212,21 @@ def test_threshold_edge_biases_fc_by_beta_times_radius():
   assert errors["large"].max() < 1e-5
 
 
+def test_threshold_edge_against_a_zero_estimate_falls_back_to_all_ones():
+  """Every message is (0, 0), so every estimate is the zero vector, which
+  has no direction to be against: the documented fallback is the
+  all-ones unit vector, and with the scalar radius 1 at margin 0.05 the
+  Byzantine row is 0.95 (1, 1) / sqrt(2) = (0.672, 0.672). Seen to fail
+  when the fallback's test is `norm >= 0` (session 16's census survivor
+  attacks #134, at 9158dc9: the zero estimate times its coefficient 0,
+  so the row stays at (0, 0)); no other test had a zero estimate."""
+  msgs = jnp.zeros((4, 2))
+  byz = jnp.arange(4) >= 3
+  out = np.asarray(jax.jit(prfl.attacks.threshold_edge(1.0))(msgs, byz, KEY))
+  np.testing.assert_array_equal(out[:3], np.zeros((3, 2)))
+  np.testing.assert_allclose(out[3], [0.95 / np.sqrt(2.0)] * 2, rtol=1e-6)
+
+
 def test_threshold_edge_bad_arguments():
   with pytest.raises(TypeError, match="radius"):
     prfl.attacks.threshold_edge(lambda d, p: 1.0)

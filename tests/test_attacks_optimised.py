@@ -412,26 +412,33 @@ def test_edge_attacks_take_one_radius():
     make(0.5)
 
 
+@pytest.mark.parametrize("angle", [0.6, np.pi / 2], ids=["0.6", "half-pi"])
 @pytest.mark.parametrize("direction,u", [
     ("fixed", (1.0, 1.0)), ("against", (-1.0, -2.0))])
-def test_spread_edge_at_angle_half_pi_sends_rows_orthogonal_to_the_pull(
-    direction, u):
-  """`angle` may be pi/2, the end of its documented range [0, pi/2]: the
-  row is then turned fully onto the random direction orthogonal to the
-  pull `u`. Every message is (1, 2), so every estimate is (1, 2) (a ball
-  of radius 1 around it holds all the benign rows) and the scalar radius
-  1 at margin 0.05 puts the Byzantine row 0.95 from it: in two dimensions
-  the orthogonal direction is +-(1, -1) / sqrt(2) for the all-ones pull
-  and +-(2, -1) / sqrt(5) against (1, 2). Seen to fail when the range
-  check's bound is pi/3 (session 16's census survivor attacks #107, at
-  9158dc9: angle pi/2 refused with ValueError)."""
+def test_spread_edge_turns_rows_by_angle_from_the_pull(direction, u, angle):
+  """Every message is (1, 2), so every estimate is (1, 2) (a ball of
+  radius 1 around it holds all the benign rows) and the scalar radius 1
+  at margin 0.05 puts the Byzantine row 0.95 from it, turned by `angle`
+  from the pull `u` towards a random orthogonal direction: in two
+  dimensions that is +-(1, -1) / sqrt(2) for the all-ones pull and
+  +-(2, -1) / sqrt(5) against (1, 2), so the step has 0.95 cos(angle)
+  along u and 0.95 sin(angle) across it (0.784 and 0.536 at 0.6; 0 and
+  0.95 at pi/2, the end of the documented range [0, pi/2]). Seen to fail
+  when the range check's bound is pi/3 (session 16's census survivor
+  attacks #107, at 9158dc9: angle pi/2 refused with ValueError) and when
+  the rows are turned only for angles above 1 (#138, `angle > 0` ->
+  `angle > 1`: at 0.6 the row stays on the pull, 0.95 along it); the
+  other spread tests read only distances and ties, which the untilted
+  rows, one per cluster, also pass."""
   msgs = jnp.tile(jnp.asarray([[1.0, 2.0]], jnp.float32), (4, 1))
   byzantine = jnp.asarray([False, False, False, True])
-  attack = attacks.spread_edge(1.0, angle=np.pi / 2, direction=direction)
+  attack = attacks.spread_edge(1.0, angle=angle, direction=direction)
   out = np.asarray(jax.jit(attack)(msgs, byzantine, jax.random.key(3)),
                    np.float64)
   np.testing.assert_array_equal(out[:3], np.asarray(msgs)[:3])
   step = out[3] - np.array([1.0, 2.0])
+  along = np.asarray(u) / np.hypot(*u)
   ortho = np.array([u[1], -u[0]]) / np.hypot(*u)
-  np.testing.assert_allclose(np.abs(step @ ortho), 0.95, rtol=1e-5)
-  np.testing.assert_allclose(step @ np.asarray(u), 0.0, atol=1e-5)
+  np.testing.assert_allclose(np.abs(step @ ortho), 0.95 * np.sin(angle),
+                             rtol=1e-5)
+  np.testing.assert_allclose(step @ along, 0.95 * np.cos(angle), atol=1e-5)
