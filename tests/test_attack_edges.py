@@ -383,7 +383,12 @@ def test_min_max_accepts_a_gamma_exactly_at_the_bound(use_sum):
   largest benign row sum of them, both 4): the condition is `<=`, gamma 1
   is accepted and -1 sent. Seen to fail when the condition is `<`
   (session 16's census survivor attacks #310, at 9158dc9: gamma 1
-  rejected, the mean 0 sent); no other test put a gamma on the bound."""
+  rejected, the mean 0 sent); no other test put a gamma on the bound.
+  Also seen to fail when gamma_init must exceed 1 (census survivor #288,
+  `base_check <= 0` -> `<= 1`: ValueError) and when the search runs one
+  step fewer (#323, `fori_loop(0, ...)` -> `fori_loop(1, ...)`: no step,
+  the mean 0 sent); the other tests' gamma_init was 10, and one step
+  fewer of 30 moves gamma by 2^-30 gamma_init."""
   attack = prfl.attacks.min_sum if use_sum else prfl.attacks.min_max
   messages = jnp.array([[-1.0], [1.0], [5.0]])
   byzantine = jnp.array([False, False, True])
@@ -432,3 +437,48 @@ def test_jittered_moves_one_coordinate_rows_by_scale_times_their_norm():
   np.testing.assert_array_equal(out[:2, 0], want[:2])
   np.testing.assert_allclose(np.abs(out[2:, 0] + want[2:]), 0.1 * want[2:],
                              rtol=1e-5)
+
+
+def test_fang_krum_bound_floors_its_counts_at_one_for_few_benign_rows():
+  """c = 2 Byzantine rows of n = 5, benign rows (0, 0), (3, 4), (6, 8)
+  (distances 5, 5, 10; norms up to 10): each benign row's n - c - 2 = 1
+  nearest benign distance is 5, and the denominator's n - 2c - 1 = 0 is
+  floored at 1, so lam0 = 5 / sqrt(2) + 10 / sqrt(2) = 15 / sqrt(2) by
+  hand, sent with one halving as -lam0 sign(mu) = -(10.61, 10.61).
+  Seen to fail when either floor is 2 (session 16's census survivors
+  attacks #181, the neighbour count's: 2 nearest, 10 / sqrt(2) + ...,
+  14.14; and #203, the denominator's: 8.84); the other tests' counts were
+  all at least 2."""
+  msgs = jnp.array([[0.0, 0.0], [3.0, 4.0], [6.0, 8.0], [1.0, 1.0],
+                    [2.0, 0.0]])
+  byz = jnp.arange(5) >= 3
+  out = np.asarray(jax.jit(prfl.attacks.fang_krum(1, halvings=1))(
+      msgs, byz, jax.random.key(0)))
+  lam0 = 15.0 / np.sqrt(2.0)
+  np.testing.assert_allclose(out[3:], -lam0 * np.ones((2, 2)), rtol=1e-6)
+  np.testing.assert_array_equal(out[:3], msgs[:3])
+
+
+def test_fang_krum_search_sees_a_zero_mean_coordinate_as_zero():
+  """Benign rows (1, +-1), (3, +-1): mean (2, 0), so the attack's
+  direction -sign(mu) is (-1, 0) and its second coordinate is 0 at every
+  lambda. c = 2 Byzantine rows of 6, Krum told f = 1: lam0 = 4 /
+  sqrt(2) + sqrt(10) / sqrt(2) = 5.064 (each benign row's 2 nearest
+  benign distances 2 and 2), and Krum's scores (3 nearest squared
+  distances, NumPy by hand) pick a benign row at lam0 and lam0 / 2
+  (16 < 75.6, 26.95) and a Byzantine one at lam0 / 4 (12.27 < 14.14):
+  with 4 halvings (lam0 / 8 if none is picked) the row -lam0 / 4
+  (1, 0) = (-1.266, 0) is sent. Seen to fail when the search's rows are
+  `lam / s` instead of `lam * s` (session 16's census survivor attacks
+  #208, at 9158dc9: lam / -0 puts -inf in the zero coordinate, Krum
+  never picks a Byzantine row and lam0 / 8 is sent); with every
+  coordinate of the mean nonzero, `s` is +-1 and the two agree."""
+  benign = np.array([[1.0, 1.0], [1.0, -1.0], [3.0, 1.0], [3.0, -1.0]])
+  msgs = jnp.asarray(np.vstack([benign, [[2.0, 0.5], [2.0, -0.5]]]),
+                     jnp.float32)
+  byz = jnp.arange(6) >= 4
+  out = np.asarray(jax.jit(prfl.attacks.fang_krum(1, halvings=4))(
+      msgs, byz, jax.random.key(0)))
+  lam0 = (4.0 + np.sqrt(10.0)) / np.sqrt(2.0)
+  np.testing.assert_allclose(out[4:], [[-lam0 / 4, 0.0]] * 2, rtol=1e-6)
+  np.testing.assert_array_equal(out[:4], benign)
