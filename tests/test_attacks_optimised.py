@@ -442,3 +442,22 @@ def test_spread_edge_turns_rows_by_angle_from_the_pull(direction, u, angle):
   np.testing.assert_allclose(np.abs(step @ ortho), 0.95 * np.sin(angle),
                              rtol=1e-5)
   np.testing.assert_allclose(step @ along, 0.95 * np.cos(angle), atol=1e-5)
+
+
+def test_line_search_doubles_its_step_only_while_expanding():
+  """A cliff, score t up to 5 and -100 past it: from 0 the first try, 10,
+  falls off, so the expansion ends at once and the contraction shrinks
+  the step by 0.8 per try (8, 6.4, 5.12 off the cliff; 4.096 kept). From
+  4.096 the contraction goes on shrinking (steps 3.28, 2.62, ..., tries
+  past 5 until 4.955 after 15 evaluations, as in the NumPy replay of
+  ByzFL). Seen to fail when the phase flag is `expanding | better`
+  (session 16's census survivor attacks #255, at 9158dc9: the flag never
+  clears, the improvement at 4.096 doubles the step to 8.19 and the
+  remaining tries all fall off: 4.096); on the replay's quadratic scores
+  the contraction never improves twice, where the two agree."""
+  cliff = lambda t: jnp.where(t <= 5.0, t, -100.0)
+  want = byzfl_line_search(lambda t: t if t <= 5.0 else -100.0, evals=15)
+  np.testing.assert_allclose(want, 4.955, atol=1e-3)
+  ours = float(jax.jit(lambda: attacks.line_search(
+      cliff, 15, 0.0, 10.0, 0.8))())
+  np.testing.assert_allclose(ours, want, rtol=1e-5)
