@@ -1070,3 +1070,26 @@ def test_clipping_and_arc_bring_an_overflowing_row_to_the_threshold():
       jnp.array([[3e19, 4e19], [1.0, 0.0], [0.0, 2.0], [3.0, 0.0]]))
   np.testing.assert_allclose(
       out, [[1.8, 2.4], [1.0, 0.0], [0.0, 2.0], [3.0, 0.0]], rtol=1e-6)
+
+
+def test_cap_duplicates_tells_rows_apart_whose_squared_norms_overflow_or_underflow():
+  """Rows (3e19, 0), (0, 3e19), (-3e19, 0), (1, 2) and a copy of row 0:
+  the first four are about 3e19 apart or more, far beyond 0.1% of the
+  longer norm (3e16), so they are kept and only the copy is dropped:
+  weights 1, 1, 1, 1, 0. Likewise (3e-23, 0), (0, 3e-23), (-3e-23, 0) and a
+  copy of row 0 (4.2e-23 or 6e-23 apart against a tolerance of 3e-26): 1,
+  1, 1, 0. In float32 the squared norms of the big rows overflow and those
+  of the small ones underflow to 0. Seen to fail before the distances were
+  taken on rows scaled by a common power of two (`sqrt` of the squares of
+  the rows as given: every tolerance beside a big row inf, the distances
+  inf or NaN; resp. every norm, distance and tolerance 0; either way every
+  row tied with row 0: 1, 0, 0, 0, 0 and 1, 0, 0, 0)."""
+  pre = jax.jit(aggregators.cap_duplicates())
+  big = jnp.array([[3e19, 0.0], [0.0, 3e19], [-3e19, 0.0], [1.0, 2.0],
+                   [3e19, 0.0]])
+  _, w = pre({"x": big})
+  np.testing.assert_array_equal(w, [1.0, 1.0, 1.0, 1.0, 0.0])
+  small = jnp.array([[3e-23, 0.0], [0.0, 3e-23], [-3e-23, 0.0],
+                     [3e-23, 0.0]])
+  _, w = pre({"x": small})
+  np.testing.assert_array_equal(w, [1.0, 1.0, 1.0, 0.0])
