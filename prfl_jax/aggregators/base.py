@@ -139,13 +139,25 @@ def _squares_usable(sq: jax.Array) -> jax.Array:
   return jnp.isfinite(sq) & (sq >= tiny)
 
 
+def _norm_parts(zeroed: PyTree):
+  """`(norms, usable, inv_root, units)`, each `[N]`: `row_norms`' norms,
+  where the squared norms are usable (`_squares_usable`), and `_unit_rows`'
+  s_i and r_i, which `clip_rows` also reads."""
+  sq = tree_lib.sq_norms(zeroed)
+  peaks, inv_root, units = _unit_rows(zeroed)
+  usable = _squares_usable(sq)
+  norms = jnp.where(usable, jnp.sqrt(sq), peaks * units)
+  return norms, usable, inv_root, units
+
+
 def row_norms(zeroed: PyTree) -> jax.Array:
   """`[N]`: every row's l2 norm over all leaves, safe from the squares'
   overflow and underflow.
 
   Where the squared norm (`tree.sq_norms`) is finite and normal the norm is
-  its square root, as before (to float32 rounding); elsewhere (a float32 entry above ~1.8e19
-  squares to inf, a row below ~1e-19 to a subnormal or 0) it is
+  its square root, as before (to float32 rounding); elsewhere (a float32
+  entry above ~1.8e19 squares to inf, a row below ~1e-19 to a subnormal or
+  0) it is
   `m_i * ||x_i / m_i||`, m_i the row's largest |entry|. It is inf only when
   the norm itself exceeds the dtype's largest value (3.4e38 in float32).
 
@@ -153,9 +165,7 @@ def row_norms(zeroed: PyTree) -> jax.Array:
     zeroed: messages with finite entries, leaves `[N, ...]` (e.g. from
       `prepare`).
   """
-  sq = tree_lib.sq_norms(zeroed)
-  peaks, _, units = _unit_rows(zeroed)
-  return jnp.where(_squares_usable(sq), jnp.sqrt(sq), peaks * units)
+  return _norm_parts(zeroed)[0]
 
 
 def clip_rows(zeroed: PyTree, threshold) -> PyTree:
@@ -175,10 +185,7 @@ def clip_rows(zeroed: PyTree, threshold) -> PyTree:
   Returns:
     pytree like `zeroed`.
   """
-  sq = tree_lib.sq_norms(zeroed)
-  peaks, inv_root, units = _unit_rows(zeroed)
-  usable = _squares_usable(sq)
-  norms = jnp.where(usable, jnp.sqrt(sq), peaks * units)
+  norms, usable, inv_root, units = _norm_parts(zeroed)
   clip = norms > threshold
   inv_root = jnp.where(clip & ~usable, inv_root, 1.0)
   factor = jnp.where(clip, jnp.where(
