@@ -27,12 +27,13 @@ import jax.numpy as jnp
 
 from prfl_jax import tree as tree_lib
 
-# Keys of the pre-aggregator and of the ball cap, folded from the message
-# key: the attack keeps the key it always had, so adding a defence changes
-# no attack's draws. The pre-aggregator's constant is int32's largest:
-# attacks draw from `fold_in(key, c)` for small c (`attacks.jittered` folds
-# 0 and 1), and `split(key, n)[c]` is `fold_in(key, c)` for every c < n
-# (JAX's partitionable threefry), so only a split into 2^31 keys reaches it.
+# Keys of the pre-aggregator (folded from the message key) and of the ball
+# cap (folded from the group key): the attack keeps the key it always had,
+# so adding a defence changes no attack's draws. The pre-aggregator's
+# constant is int32's largest: attacks draw from `fold_in(key, c)` for
+# small c (`attacks.jittered` folds 0 and 1), and `split(key, n)[c]` is
+# `fold_in(key, c)` for every c < n (JAX's partitionable threefry), so only
+# a split into 2^31 keys reaches it.
 _PRE_KEY = 2**31 - 1
 _CAP_KEY = 2
 
