@@ -142,6 +142,29 @@ def test_threshold_edge_finds_a_quantile_edge_below_one(method):
   np.testing.assert_array_equal(out[:8], msgs[:8])
 
 
+def test_threshold_edge_direct_measures_small_distances_far_from_the_origin():
+  """`method="direct"` takes differences of the rows, so it keeps distances
+  of 0.4 between rows near 4096, where the Gram form `|z|^2 - 2 <z, v> +
+  |v|^2` cancels terms of 2^24 (float32 spacing 2 there). The rows are
+  those of `test_threshold_edge_finds_a_quantile_edge_below_one` moved by
+  4096 (exact in float32): the estimates stay at 4098 and 4106, the edge
+  radius is 0.4 (2.4 + 4096 rounds to 4098.3999), and the Byzantine rows
+  are 4098 - 0.38 = 4097.62 and 4106 - 0.38 = 4105.62. Kills session 16's
+  new-code survivors attacks #108 (the estimate's `method == "direct"` ->
+  `!=`: 4097.72 and 4105.79) and #109 (the distances' `method ==
+  "direct"` -> `!=`: 4096.66 and 4106.0), each seen to fail with the
+  mutant applied by hand; the other tests' rows were near the origin,
+  where both forms agree."""
+  msgs = jnp.array([[2.0], [2.0], [2.0], [2.4], [10.0], [10.0], [10.0],
+                    [10.4], [2.0], [10.0]]) + 4096.0
+  byz = jnp.arange(10) >= 8
+  out = jax.jit(prfl.attacks.threshold_edge(
+      prfl.quantile_radius(0.4), num_iters=3, method="direct"))(msgs, byz,
+                                                                  KEY)
+  np.testing.assert_allclose(out[8:], [[4097.62], [4105.62]], atol=2e-3)
+  np.testing.assert_array_equal(out[:8], msgs[:8])
+
+
 @pytest.mark.parametrize("q", [0.1, 0.2, 0.35, 0.5])
 def test_edge_radius_is_the_largest_distance_inside_the_quantile_ball(q):
   """Byzantine points at the edge radius are inside the defender's q-quantile
