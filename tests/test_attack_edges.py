@@ -482,3 +482,25 @@ def test_fang_krum_search_sees_a_zero_mean_coordinate_as_zero():
   lam0 = (4.0 + np.sqrt(10.0)) / np.sqrt(2.0)
   np.testing.assert_allclose(out[4:], [[-lam0 / 4, 0.0]] * 2, rtol=1e-6)
   np.testing.assert_array_equal(out[:4], benign)
+
+
+@pytest.mark.parametrize("scale", [1e19, 1e-22])
+def test_fang_krum_bound_and_search_at_scales_whose_squares_overflow_or_underflow(
+    scale):
+  """The zero-mean-coordinate case above times c: Fang's bound and Krum's
+  choices are scale-equivariant, so -c lam0 / 4 (1, 0) is sent, lam0 = (4
+  + sqrt(10)) / sqrt(2) by hand. At c = 1e19 the benign rows' squares
+  overflow float32 and at c = 1e-22 they underflow to 0. Seen to fail
+  before the distances and norms were taken on the rows times a power of
+  two (`sqrt(pairwise_sq_distances(messages))`: lam0 inf at 1e19, every
+  row sent inf or NaN; lam0 0 at 1e-22, zero rows sent)."""
+  benign = np.array([[1.0, 1.0], [1.0, -1.0], [3.0, 1.0], [3.0, -1.0]])
+  msgs = jnp.asarray(scale * np.vstack([benign, [[2.0, 0.5], [2.0, -0.5]]]),
+                     jnp.float32)
+  byz = jnp.arange(6) >= 4
+  out = np.asarray(jax.jit(prfl.attacks.fang_krum(1, halvings=4))(
+      msgs, byz, jax.random.key(0)))
+  lam0 = (4.0 + np.sqrt(10.0)) / np.sqrt(2.0)
+  np.testing.assert_allclose(out[4:], [[-scale * lam0 / 4, 0.0]] * 2,
+                             rtol=1e-6)
+  np.testing.assert_array_equal(out[:4], msgs[:4])

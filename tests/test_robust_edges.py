@@ -1093,3 +1093,58 @@ def test_cap_duplicates_tells_rows_apart_whose_squared_norms_overflow_or_underfl
                      [3e-23, 0.0]])
   _, w = pre({"x": small})
   np.testing.assert_array_equal(w, [1.0, 1.0, 1.0, 0.0])
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e19, 1e-22])
+def test_krum_nnm_and_mda_pick_the_close_rows_whose_squares_overflow_or_underflow(
+    scale):
+  """Rows (100, 0), (0, 0), (1, 0), (3, 0), (7, 0) times c, f = 1 of 5 (by
+  hand, at any c): Krum's scores (2 nearest squared distances) are 10, 5,
+  13, 52 for rows 1-4 and ~1e4 for row 0, so Krum picks (1, 0) c and
+  Multi-Krum (m = 2) averages rows 2 and 1, (0.5, 0) c; NNM mixes row 0
+  with its 3 nearest, (100 + 7 + 3 + 1) / 4 = 27.75 c, and every other row
+  with the rest of rows 1-4, 2.75 c; MoNNA around row 2 gives 2.75 c; MDA
+  drops row 0 (squared diameter 49 against 93^2 or more), 2.75 c. At c =
+  1e19 the rows' squares overflow float32 and at c = 1e-22 they underflow
+  to 0, yet the answers are c times those at c = 1. Seen to fail before the
+  distances were taken on the rows times a power of two
+  (`base.pairwise_sq_distances(zeroed)`: every distance inf or NaN at
+  1e19, 0 at 1e-22, so Krum and MDA took row 0's 100 c or the first
+  subset's 26 c, and NNM mixed by index)."""
+  x = jnp.asarray(scale * np.array(
+      [[100.0, 0.0], [0.0, 0.0], [1.0, 0.0], [3.0, 0.0], [7.0, 0.0]]),
+      jnp.float32)
+  e = np.array([1.0, 0.0])
+  np.testing.assert_allclose(jax.jit(aggregators.krum(1))(x), scale * e,
+                             rtol=1e-6)
+  np.testing.assert_allclose(jax.jit(aggregators.krum(1, 2))(x),
+                             scale * 0.5 * e, rtol=1e-6)
+  mixed, _ = jax.jit(aggregators.nnm(1))(x)
+  np.testing.assert_allclose(
+      mixed, scale * np.outer([27.75, 2.75, 2.75, 2.75, 2.75], e),
+      rtol=1e-6)
+  np.testing.assert_allclose(jax.jit(aggregators.monna(1, index=2))(x),
+                             scale * 2.75 * e, rtol=1e-6)
+  np.testing.assert_allclose(jax.jit(aggregators.mda(1))(x),
+                             scale * 2.75 * e, rtol=1e-6)
+
+
+def test_one_huge_row_leaves_krum_and_mda_telling_the_others_apart():
+  """Rows (1e15, 0), (1, 0), (1.1, 0.1), (0.9, -0.1), (1, 0.2), (1e35,
+  1e35): the four rows near (1, 0) have, by hand, squared distances 0.02
+  (rows 1-2, 1-3, 2-4), 0.04 (1-4), 0.08 (2-3), 0.10 (3-4), so Krum (f = 1:
+  3 nearest) scores them 0.08, 0.12, 0.20, 0.16 and picks (1, 0), and MDA
+  (f = 2) keeps exactly those four (squared diameter 0.1), mean (1, 0.05).
+  The rows are scaled by one power of two before the distances are taken,
+  chosen from the median row, not the largest: brought to a 1e35 row, the
+  others' squares are below float32's smallest normal number, every
+  distance among rows 0-4 is 0 and Krum picks row 0's 1e15 (seen by hand),
+  and MDA the first subset (2.5e14). Seen to fail for MDA also with no
+  scaling (the 1e35 row's squared distances inf - inf = NaN, and argmin
+  took a NaN diameter: 2.5e34)."""
+  x = jnp.array([[1e15, 0.0], [1.0, 0.0], [1.1, 0.1], [0.9, -0.1],
+                 [1.0, 0.2], [1e35, 1e35]], jnp.float32)
+  np.testing.assert_allclose(jax.jit(aggregators.krum(1))(x), [1.0, 0.0],
+                             rtol=1e-6)
+  np.testing.assert_allclose(jax.jit(aggregators.mda(2))(x), [1.0, 0.05],
+                             rtol=1e-6)

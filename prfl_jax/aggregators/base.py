@@ -108,6 +108,87 @@ def pairwise_sq_distances(points: PyTree) -> jax.Array:
   return jnp.maximum(sq[:, None] + sq[None, :] - 2.0 * g, 0.0)
 
 
+def _power_of_two(k: jax.Array, dtype) -> jax.Array:
+  """`2^k` in the float `dtype`, exactly, for an integer k in its normal
+  range (built from the bits: `2.0 ** k` need not be exact); 0 below that
+  range, the largest power of two above it."""
+  info = jnp.finfo(dtype)
+  bits = {2: jnp.int16, 4: jnp.int32, 8: jnp.int64}[info.bits // 8]
+  biased = jnp.clip(k + (info.maxexp - 1), 0, 2 * info.maxexp - 2).astype(
+      bits)
+  return jax.lax.bitcast_convert_type(
+      jax.lax.shift_left(biased, jnp.asarray(info.nmant, bits)), dtype)
+
+
+def times_power_of_two(points: PyTree, k: jax.Array) -> PyTree:
+  """Every leaf times 2^k (k an integer scalar, may be traced), applied as
+  two factors 2^(k // 2) and 2^(k - k // 2), each a normal number in the
+  leaf's dtype for |k| up to about twice its exponent range (2^k itself is
+  not, e.g. 2^-128 or 2^149 in float32). Exact short of the result's
+  overflow or subnormal range. Leaves of other than a float dtype are
+  brought to float32 first."""
+  low = k // 2
+  high = k - low
+
+  def leaf(x):
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+      x = x.astype(jnp.float32)
+    return x * _power_of_two(low, x.dtype) * _power_of_two(high, x.dtype)
+  return jax.tree.map(leaf, points)
+
+
+def row_peaks(points: PyTree) -> jax.Array:
+  """`[N]`: every row's largest |entry| over all leaves (0 for no leaves)."""
+  leaves = [x.reshape(x.shape[0], -1) for x in jax.tree.leaves(points)]
+  if not leaves:
+    return jnp.zeros((0,), jnp.float32)
+  return functools.reduce(jnp.maximum, [
+      jnp.max(jnp.abs(x), axis=1, initial=0) for x in leaves])
+
+
+def median_peak_exponent(points: PyTree) -> jax.Array:
+  """k (an int32 scalar): 2^k brings the median of the rows' nonzero
+  `row_peaks` into [0.5, 1); 0 when no row has a nonzero finite peak.
+
+  The median, not the largest: one row far above the others (an attacker's
+  1e35) cannot push the others' squares into float32's subnormal range,
+  where they flush to 0 and every small distance ties; with fewer than half
+  the rows far from the rest, the rest keep their differences. Zero rows
+  (absent rows, as `prepare` zeroes them) are left out of the median.
+  """
+  peaks = row_peaks(points)
+  if peaks.shape[0] == 0:
+    return jnp.zeros((), jnp.int32)
+  peaks = peaks.astype(jnp.result_type(peaks, jnp.float32))
+  mid = jnp.nanmedian(jnp.where(peaks > 0, peaks, jnp.nan))
+  _, e = jnp.frexp(mid)  # 0 for NaN and inf.
+  return -e
+
+
+def scaled_sq_distances(points: PyTree) -> jax.Array:
+  """`[N, N]`: the squared distances times 2^(2k), for comparisons.
+
+  `pairwise_sq_distances` of the rows times 2^k (`times_power_of_two`), k
+  from `median_peak_exponent` (the rows' median largest |entry| brought to
+  [0.5, 1)); NaN, which finite rows give only where squares overflow (inf
+  - inf), read as inf. One 2^(2k) for every entry and a power of two
+  changes no rounding, so orderings, argmins, ties and sums of the entries
+  are those of `pairwise_sq_distances(points)` bit for bit wherever that
+  neither overflows nor underflows, while finite float32 rows of size ~1e19
+  (squares inf: every distance inf, every row tied) or ~1e-22 (squares 0)
+  are told apart. Rows more than ~1e19 times the median overflow to inf
+  distances (far from everything), as large rows did unscaled. Not
+  distances in the rows' units: a caller that needs those multiplies by
+  2^(-2k), or their square roots by 2^-k.
+
+  Args:
+    points: pytree of rows with finite entries, leaves `[N, ...]`.
+  """
+  d2 = pairwise_sq_distances(
+      times_power_of_two(points, median_peak_exponent(points)))
+  return jnp.where(jnp.isnan(d2), jnp.inf, d2)
+
+
 def _unit_rows(zeroed: PyTree):
   """`(m [N], s [N], r [N])` for rows of finite entries: m_i the row's
   largest |entry| over all leaves, s_i = 1 / sqrt(m_i) (1 for a zero row)

@@ -18,7 +18,7 @@ def neighbour_means(zeroed: PyTree, weights: jax.Array, present: jax.Array,
   """For each of the `rows` (`[M]` indices), the weighted mean of its
   `count` nearest present rows, itself included when present (ties: lower
   index). Returns leaves `[M, ...]`."""
-  d2 = base.pairwise_sq_distances(zeroed)[rows]
+  d2 = base.scaled_sq_distances(zeroed)[rows]
   chosen = base.nearest(d2, present, count)  # [M, N]
   coefs = jnp.where(chosen, weights[None, :], 0.0)
   total = jnp.sum(coefs, axis=1, keepdims=True)

@@ -188,18 +188,6 @@ def arc(num_byzantine: int) -> PreAggregator:
   return pre
 
 
-def _power_of_two(k: jax.Array, dtype) -> jax.Array:
-  """`2^k` in the float `dtype`, exactly, for an integer k in its normal
-  range (built from the bits: `2.0 ** k` need not be exact); 0 below that
-  range, the largest power of two above it."""
-  info = jnp.finfo(dtype)
-  bits = {2: jnp.int16, 4: jnp.int32, 8: jnp.int64}[info.bits // 8]
-  biased = jnp.clip(k + (info.maxexp - 1), 0, 2 * info.maxexp - 2).astype(
-      bits)
-  return jax.lax.bitcast_convert_type(
-      jax.lax.shift_left(biased, jnp.asarray(info.nmant, bits)), dtype)
-
-
 def _scaled_to_unit_peak(zeroed: PyTree) -> PyTree:
   """The rows (finite entries) times 2^k, one k for all rows, chosen so that
   the largest |entry| of all of them is in [0.5, 1) (k = 0 if all are 0).
@@ -207,10 +195,8 @@ def _scaled_to_unit_peak(zeroed: PyTree) -> PyTree:
   A power of two changes no rounding (short of the subnormal range), so
   scale-invariant comparisons on the result are those on the rows as given
   where those do not overflow or underflow, and its squared norms are at
-  most the row length. 2^k is applied as two factors 2^(k // 2) and
-  2^(k - k // 2), each a normal number in the leaf's dtype (2^k itself is
-  not for a peak near float32's largest or smallest value: 2^-128, 2^149).
-  Leaves of other than a float dtype are brought to float32 first.
+  most the row length (`base.times_power_of_two` applies 2^k as two normal
+  factors). Leaves of other than a float dtype are brought to float32.
   """
   leaves = jax.tree.leaves(zeroed)
   if not leaves:
@@ -218,14 +204,7 @@ def _scaled_to_unit_peak(zeroed: PyTree) -> PyTree:
   peak = functools.reduce(jnp.maximum, [
       jnp.max(jnp.abs(x), initial=0) for x in leaves])
   _, e = jnp.frexp(peak.astype(jnp.result_type(peak, jnp.float32)))
-  low = -e // 2
-  high = -e - low
-
-  def leaf(x):
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-      x = x.astype(jnp.float32)
-    return x * _power_of_two(low, x.dtype) * _power_of_two(high, x.dtype)
-  return jax.tree.map(leaf, zeroed)
+  return base.times_power_of_two(zeroed, -e)
 
 
 def cap_duplicates(tolerance: float = 1e-3) -> PreAggregator:

@@ -74,7 +74,7 @@ def krum(num_byzantine: int, num_selected: int = 1) -> Aggregator:
       raise ValueError(
           f"`num_selected`={num_selected} exceeds the N={n} messages.")
     n, weights, present, zeroed = base.prepare(messages, weights)
-    score = krum_scores(base.pairwise_sq_distances(zeroed), present,
+    score = krum_scores(base.scaled_sq_distances(zeroed), present,
                         num_byzantine)
     # Present rows first (a lone present row has an infinite score), then by
     # score, then by index.
@@ -116,7 +116,7 @@ def bulyan(num_byzantine: int) -> Aggregator:
     base.check_num_byzantine(num_byzantine, n + 1, "Bulyan", factor=4,
                              extra=3)
     n, weights, present, zeroed = base.prepare(messages, weights)
-    d2 = base.pairwise_sq_distances(zeroed)
+    d2 = base.scaled_sq_distances(zeroed)
     count = jnp.sum(present)
     theta = count - 2 * num_byzantine
 

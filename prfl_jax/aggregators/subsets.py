@@ -56,10 +56,16 @@ def _best_subset(messages, weights, num_byzantine, max_subsets, rule,
   n = tree_lib.num_leading(messages, "messages")
   keep = _subsets(n, num_byzantine, max_subsets, rule)
   n, weights, present, zeroed = base.prepare(messages, weights)
-  g = tree_lib.gram(zeroed)
+  # The rows times one power of two (their median largest |entry| brought
+  # to [0.5, 1)): every spread is scaled alike, exactly, and the rows'
+  # squares neither overflow nor underflow unless they are ~1e19 times
+  # apart; a spread that overflows (NaN from inf - inf) counts as inf.
+  g = tree_lib.gram(base.times_power_of_two(
+      zeroed, base.median_peak_exponent(zeroed)))
   valid = jnp.all(keep | present[None, :], axis=1)
   cost = lax.map(lambda k: spread(k & present, g, weights), keep,
                  batch_size=256)
+  cost = jnp.where(jnp.isnan(cost), jnp.inf, cost)
   best = jnp.argmin(jnp.where(valid, cost, jnp.inf))
   return base.selected_mean(zeroed, weights, keep[best] & present)
 

@@ -95,22 +95,31 @@ def fang_krum(num_byzantine: int, *, halvings: int = 20) -> Attack:
     mean, _ = base.benign_stats(messages, byzantine)
     sign = jax.tree.map(lambda m: -jnp.sign(m), mean)
     d = sum(x[0].size for x in jax.tree.leaves(messages))
-    dist = jnp.sqrt(agg_base.pairwise_sq_distances(messages))
+    # Distances and norms of the benign rows times one power of two 2^k
+    # (their median largest |entry| brought to [0.5, 1): exact, and squares
+    # of rows of size ~1e19 or ~1e-22 neither overflow nor underflow), so
+    # lam0 is found times 2^k and brought back.
+    benign_rows = tree_lib.where(benign, messages, jax.tree.map(
+        jnp.zeros_like, messages))
+    k = agg_base.median_peak_exponent(benign_rows)
+    scaled = agg_base.times_power_of_two(benign_rows, k)
+    dist = jnp.sqrt(agg_base.pairwise_sq_distances(scaled))
     c = jnp.sum(byzantine)
     count = jnp.maximum(n - c - 2, 1)
     other = jnp.where(benign[None, :] & ~jnp.eye(n, dtype=bool), dist,
                       jnp.inf)
     near = jnp.sort(other, axis=1)
     sums = jnp.sum(jnp.where(jnp.arange(n)[None, :] < count, near, 0.0), 1)
-    norms = jnp.sqrt(tree_lib.sq_norms(messages))
-    lam0 = (jnp.min(jnp.where(benign, sums, jnp.inf)) /
-            (jnp.maximum(n - 2 * c - 1, 1) * math.sqrt(d)) +
-            jnp.max(jnp.where(benign, norms, 0.0)) / math.sqrt(d))
+    norms = jnp.sqrt(tree_lib.sq_norms(scaled))
+    lam0 = agg_base.times_power_of_two(
+        jnp.min(jnp.where(benign, sums, jnp.inf)) /
+        (jnp.maximum(n - 2 * c - 1, 1) * math.sqrt(d)) +
+        jnp.max(jnp.where(benign, norms, 0.0)) / math.sqrt(d), -k)
 
     def picks_byzantine(lam):
       attacked = base.replace(messages, byzantine, jax.tree.map(
           lambda s: lam * s, sign))
-      score = krum_lib.krum_scores(agg_base.pairwise_sq_distances(attacked),
+      score = krum_lib.krum_scores(agg_base.scaled_sq_distances(attacked),
                                    jnp.ones((n,), bool), num_byzantine)
       return byzantine[jnp.argmin(score)]
 
