@@ -66,7 +66,7 @@ def test_cap_duplicates_zeroes_the_dropped_rows_and_keeps_the_others_weights():
   7's mutant #278 of `--preset aggregators`)."""
   x = jnp.array([[1.0, 0.0], [1.0, 0.0], [0.0, 2.0], [5.0, 5.0]])
   w = jnp.array([0.5, 3.0, 0.0, 2.5])
-  _, got = aggregators.cap_duplicates()({"x": x}, w)
+  _, got = jax.jit(aggregators.cap_duplicates())({"x": x}, w)
   np.testing.assert_array_equal(got, [0.5, 0.0, 0.0, 2.5])
 
 
@@ -137,9 +137,9 @@ def test_cap_duplicates_measures_the_tolerance_against_the_longer_row():
   when the tolerance takes the later row's norm only (`norms[None, :]` ->
   `norms[:, None]` in `cap_duplicates`, session 10's mutant #270 of
   `--preset aggregators`: 0.8 > 0.5 * 1.2 keeps (1.2, 0) after (2, 0))."""
+  pre = jax.jit(aggregators.cap_duplicates(0.5))
   for x in ([[2.0, 0.0], [1.2, 0.0]], [[1.2, 0.0], [2.0, 0.0]]):
-    _, got = aggregators.cap_duplicates(0.5)({"x": jnp.array(x)},
-                                             jnp.ones(2))
+    _, got = pre({"x": jnp.array(x)}, jnp.ones(2))
     np.testing.assert_array_equal(got, [1.0, 0.0])
 
 
@@ -1148,3 +1148,24 @@ def test_one_huge_row_leaves_krum_and_mda_telling_the_others_apart():
                              rtol=1e-6)
   np.testing.assert_allclose(jax.jit(aggregators.mda(2))(x), [1.0, 0.05],
                              rtol=1e-6)
+
+
+def test_cap_duplicates_tells_small_rows_apart_beside_a_huge_or_a_unit_row():
+  """Rows (1e35, 1e35), (1, 0), (0, 1), (1, 0), (-1, 0): only row 3 copies
+  an earlier row (row 1), so the weights are 1, 1, 1, 0, 1; and rows (1,
+  0), (1e-30, 0), (0, 1e-30), (-1e-30, 0), (1e-30, 0): the tiny rows are
+  apart by sqrt(2) or 2 times their norm, only row 4 copies row 1: 1, 1,
+  1, 1, 0. Each pair is compared at its own power-of-two scale. Seen to
+  fail when all rows shared the scale of the largest entry (e32cba2's
+  `_scaled_to_unit_peak`): beside 1e35 the unit rows' squares and beside
+  1 the 1e-30 rows' squares flushed to 0, every distance among them and
+  every tolerance 0, so each tied with the first of them: 1, 1, 0, 0, 0
+  both times."""
+  pre = jax.jit(aggregators.cap_duplicates())
+  x = jnp.array([[1e35, 1e35], [1.0, 0.0], [0.0, 1.0], [1.0, 0.0],
+                 [-1.0, 0.0]])
+  np.testing.assert_array_equal(pre(x)[1], [1.0, 1.0, 1.0, 0.0, 1.0])
+  y = jnp.array([[1.0, 0.0], [1e-30, 0.0], [0.0, 1e-30], [-1e-30, 0.0],
+                 [1e-30, 0.0]])
+  np.testing.assert_array_equal(pre(y)[1], [1.0, 1.0, 1.0, 1.0, 0.0])
+

@@ -108,7 +108,7 @@ def pairwise_sq_distances(points: PyTree) -> jax.Array:
   return jnp.maximum(sq[:, None] + sq[None, :] - 2.0 * g, 0.0)
 
 
-def _power_of_two(k: jax.Array, dtype) -> jax.Array:
+def power_of_two(k: jax.Array, dtype) -> jax.Array:
   """`2^k` in the float `dtype`, exactly, for an integer k in its normal
   range (built from the bits: `2.0 ** k` need not be exact); 0 below that
   range, the largest power of two above it."""
@@ -121,19 +121,22 @@ def _power_of_two(k: jax.Array, dtype) -> jax.Array:
 
 
 def times_power_of_two(points: PyTree, k: jax.Array) -> PyTree:
-  """Every leaf times 2^k (k an integer scalar, may be traced), applied as
-  two factors 2^(k // 2) and 2^(k - k // 2), each a normal number in the
-  leaf's dtype for |k| up to about twice its exponent range (2^k itself is
-  not, e.g. 2^-128 or 2^149 in float32). Exact short of the result's
-  overflow or subnormal range. Leaves of other than a float dtype are
-  brought to float32 first."""
+  """Every leaf times 2^k (k an integer scalar, or `[N]`: one per row; may
+  be traced), applied as two factors 2^(k // 2) and 2^(k - k // 2), each a
+  normal number in the leaf's dtype for |k| up to about twice its exponent
+  range (2^k itself is not, e.g. 2^-128 or 2^149 in float32). Exact short
+  of the result's overflow or subnormal range. Leaves of other than a float
+  dtype are brought to float32 first."""
+  k = jnp.asarray(k)
   low = k // 2
   high = k - low
 
   def leaf(x):
     if not jnp.issubdtype(x.dtype, jnp.floating):
       x = x.astype(jnp.float32)
-    return x * _power_of_two(low, x.dtype) * _power_of_two(high, x.dtype)
+    shape = (-1,) + (1,) * (x.ndim - 1) if k.ndim else ()
+    return (x * power_of_two(low, x.dtype).reshape(shape) *
+            power_of_two(high, x.dtype).reshape(shape))
   return jax.tree.map(leaf, points)
 
 

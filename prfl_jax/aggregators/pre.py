@@ -14,7 +14,6 @@ transform each model's N gradients before Threshold-Clustering.
 Counts (f, k) count present rows, as in the aggregators.
 """
 
-import functools
 from typing import Callable, Optional
 
 import jax
@@ -188,23 +187,34 @@ def arc(num_byzantine: int) -> PreAggregator:
   return pre
 
 
-def _scaled_to_unit_peak(zeroed: PyTree) -> PyTree:
-  """The rows (finite entries) times 2^k, one k for all rows, chosen so that
-  the largest |entry| of all of them is in [0.5, 1) (k = 0 if all are 0).
+def _pair_scaled_gaps(zeroed: PyTree):
+  """`(d [N, N], r [N, N])`: `||x_i - x_j||` and `max(||x_i||, ||x_j||)`,
+  both times 2^(k_ij), k_ij bringing the larger row's largest |entry| into
+  [0.5, 1) (rows with finite entries; a zero row sets no scale).
 
-  A power of two changes no rounding (short of the subnormal range), so
-  scale-invariant comparisons on the result are those on the rows as given
-  where those do not overflow or underflow, and its squared norms are at
-  most the row length (`base.times_power_of_two` applies 2^k as two normal
-  factors). Leaves of other than a float dtype are brought to float32.
+  Each row is brought to largest |entry| in [0.5, 1) by its own power of
+  two 2^(k_i) (`base.times_power_of_two`), the Gram matrix is taken on
+  those rows, and each pair's entries are brought to the pair's scale by
+  the factors 2^(k_ij - k_i) <= 1. Powers of two change no rounding, so
+  `d <= t r` is decided as on the rows as given wherever those squares
+  neither overflow nor underflow; and rows of any size, rows ~1e19 or
+  ~1e-22 whose squares overflow or underflow float32, or small rows beside
+  a 1e35 one, are compared: what a pair's factor flushes to 0 is below the
+  larger row's rounding.
   """
-  leaves = jax.tree.leaves(zeroed)
-  if not leaves:
-    return zeroed
-  peak = functools.reduce(jnp.maximum, [
-      jnp.max(jnp.abs(x), initial=0) for x in leaves])
-  _, e = jnp.frexp(peak.astype(jnp.result_type(peak, jnp.float32)))
-  return base.times_power_of_two(zeroed, -e)
+  peaks = base.row_peaks(zeroed)
+  _, e = jnp.frexp(peaks.astype(jnp.result_type(peaks, jnp.float32)))
+  scaled = base.times_power_of_two(zeroed, -e)
+  g = tree_lib.gram(scaled)
+  sq = jnp.diagonal(g)
+  norms = jnp.sqrt(tree_lib.sq_norms(scaled))
+  k = jnp.where(peaks > 0, -e, 1 << 20)
+  pair = jnp.minimum(k[:, None], k[None, :])
+  a = base.power_of_two(jnp.minimum(pair - k[:, None], 0), g.dtype)
+  b = a.T
+  d2 = jnp.maximum(sq[:, None] * a * a + sq[None, :] * b * b - 2.0 * g * a * b,
+                   0.0)
+  return jnp.sqrt(d2), jnp.maximum(norms[:, None] * a, norms[None, :] * b)
 
 
 def cap_duplicates(tolerance: float = 1e-3) -> PreAggregator:
@@ -222,11 +232,11 @@ def cap_duplicates(tolerance: float = 1e-3) -> PreAggregator:
   apart, which `attacks.spread_edge` does. Distances come from the Gram
   matrix (`pairwise_sq_distances`), which in float32 cannot tell apart rows
   closer than about 3e-4 of their norm: the default tolerance is 1e-3.
-  They are taken on the rows times one power of two that brings the largest
-  |entry| of all rows into [0.5, 1) (`_scaled_to_unit_peak`): the test is
-  unchanged by a common scale, and a power of two changes no rounding, yet
+  Each pair is compared at its own scale, a power of two that brings the
+  larger row's largest |entry| into [0.5, 1) (`_pair_scaled_gaps`): the
+  test is unchanged by a scale, and a power of two changes no rounding, yet
   finite rows whose squares overflow float32 (entries ~1e19) or underflow
-  (~1e-20) are told apart.
+  (~1e-20) are told apart, and so are small rows beside a huge one.
 
   Args:
     tolerance: relative distance below which two rows are one, in [0, 1).
@@ -239,10 +249,8 @@ def cap_duplicates(tolerance: float = 1e-3) -> PreAggregator:
   def pre(messages, weights=None, key=None):
     del key  # Unused.
     n, weights, present, zeroed = base.prepare(messages, weights)
-    scaled = _scaled_to_unit_peak(zeroed)
-    d = jnp.sqrt(base.pairwise_sq_distances(scaled))
-    norms = jnp.sqrt(tree_lib.sq_norms(scaled))
-    tied = d <= tolerance * jnp.maximum(norms[:, None], norms[None, :])
+    d, longer = _pair_scaled_gaps(zeroed)
+    tied = d <= tolerance * longer
     earlier = jnp.tril(tied & present[None, :], -1)
     keep = present & ~jnp.any(earlier, axis=1)
     return zeroed, jnp.where(keep, weights, 0.0)
