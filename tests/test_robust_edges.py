@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from prfl_jax import aggregators
+from prfl_jax.aggregators import base
 from prfl_jax.aggregators import signs
 from prfl_jax.aggregators import spectral
 from tests.test_aggregators import np_geometric_median
@@ -1169,3 +1170,50 @@ def test_cap_duplicates_tells_small_rows_apart_beside_a_huge_or_a_unit_row():
                  [1e-30, 0.0]])
   np.testing.assert_array_equal(pre(y)[1], [1.0, 1.0, 1.0, 1.0, 0.0])
 
+
+def test_arc_counts_a_present_zero_row_among_the_norms():
+  """ARC with f = 1 of 4 rows (0, 0), (3, 4), (6, 8), (12, 5): k = 2 * 1 *
+  3 // 4 = 1 row is clipped, to the third smallest norm of 0, 5, 10, 13,
+  so (12, 5) becomes (12, 5) * 10 / 13 = (9.2308, 3.8462) by hand and the
+  rest stay. Seen to fail when the zero row's norm is NaN (session 16's
+  new-code survivor aggregators #38 at d00f29e, `peaks > 0` -> `>=` in
+  `base._unit_rows`: rsqrt(0) = inf and 0 * inf = NaN, the NaN sorts last,
+  the threshold is 13 and nothing is clipped); every other test's zero
+  rows were absent, outside the sort."""
+  x = jnp.array([[0.0, 0.0], [3.0, 4.0], [6.0, 8.0], [12.0, 5.0]])
+  out, w = jax.jit(aggregators.arc(1))(x)
+  np.testing.assert_allclose(
+      out, [[0.0, 0.0], [3.0, 4.0], [6.0, 8.0], [120 / 13, 50 / 13]],
+      rtol=1e-6)
+  np.testing.assert_array_equal(w, np.ones(4))
+
+
+def test_row_norms_take_the_square_root_down_to_the_smallest_normal_square():
+  """Rows (2^-63, 0) and (0, -2^-63) have squared norm 2^-126, float32's
+  smallest normal number: `sq >= tiny` holds, the norm is sqrt(2^-126) =
+  2^-63 exactly; (2^-64, 2^-64), whose squared norm 2^-127 is subnormal,
+  takes the scale-safe path, 2^-63.5. Seen to fail when the boundary is
+  excluded (session 16's new-code survivor aggregators #49 at d00f29e,
+  `sq >= tiny` -> `sq > tiny` in `base._squares_usable`: the scale-safe
+  path's m * ||x / m|| with m's rsqrt rounded gives 2^-63 (1 - 2^-24),
+  1.0842021e-19 for 1.0842022e-19)."""
+  x = jnp.array([[2.0 ** -63, 0.0], [0.0, -2.0 ** -63],
+                 [2.0 ** -64, 2.0 ** -64]])
+  norms = np.asarray(jax.jit(base.row_norms)(x))
+  np.testing.assert_array_equal(norms[:2], np.float32(2.0 ** -63))
+  np.testing.assert_allclose(norms[2], 2.0 ** -63.5, rtol=1e-6)
+
+
+def test_clipping_brings_an_overflowing_axis_row_exactly_to_the_threshold():
+  """`clipping(1)` on (2^65, 0), (0, -3e19) and (2^127, 0), whose squared
+  norms overflow float32: each is brought to norm 1 along its axis, exactly
+  (1, 0), (0, -1), (1, 0). On the scale-safe path the row's peak times
+  rsqrt(m)^2 rounds to r = 1 - 2^-24 (CPU), the unit norm is that r, and
+  the factor 1 / r makes up for it: r * fl(1 / r) rounds to 1. Seen to
+  fail when unit norms up to 1 are replaced by 1 (session 16's new-code
+  survivor aggregators #65 at d00f29e, `units > 0` -> `units > 1` in
+  `base.clip_rows`' guard: 0.99999994); the overflow tests' rows had unit
+  norms above 1 or compared with rtol 1e-6."""
+  x = jnp.array([[2.0 ** 65, 0.0], [0.0, -3e19], [2.0 ** 127, 0.0]])
+  out, _ = jax.jit(aggregators.clipping(1.0))(x)
+  np.testing.assert_array_equal(out, [[1.0, 0.0], [0.0, -1.0], [1.0, 0.0]])
