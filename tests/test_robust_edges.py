@@ -1217,3 +1217,53 @@ def test_clipping_brings_an_overflowing_axis_row_exactly_to_the_threshold():
   x = jnp.array([[2.0 ** 65, 0.0], [0.0, -3e19], [2.0 ** 127, 0.0]])
   out, _ = jax.jit(aggregators.clipping(1.0))(x)
   np.testing.assert_array_equal(out, [[1.0, 0.0], [0.0, -1.0], [1.0, 0.0]])
+
+
+def test_power_of_two_is_exact_in_range_zero_below_and_the_largest_above():
+  """`base.power_of_two(k, dtype)` (the scaling of `cap_duplicates` and of
+  the distance-based rules) for every integer k from 3 below the dtype's
+  normal range to 3 above it, in float16, bfloat16, float32 and float64
+  (under `jax.enable_x64`), against NumPy: exactly 2^k for minexp <= k <
+  maxexp, 0 below, 2^(maxexp - 1) above. `times_power_of_two` applies
+  2^k as two such factors: rows (3e38, -1e30), (1e31, 0) times 2^-128 (not
+  a normal float32 itself) and, per row, rows (3e-37, ...) times 2^100 are
+  NumPy's `ldexp`; a float16 leaf (1024) times 2^-41 is 0 (both factors
+  below float16's range; the exact 2^-31 rounds to 0) and a zero float16
+  leaf times 2^31 stays 0 (the factor 2^16 is capped at 2^15, not inf:
+  0 x inf is NaN). Kills session 17's new-code survivors `aggregators` #299
+  and #301 (the dtype table without float16 / float64: KeyError), #305 and
+  #306 (`maxexp - 1` -> `+ 1` / `- 2`: 4 and 1/2 times 2^k), #307 (lower
+  clip 0 -> 1: 2^minexp below the range), #308 and #310 (upper clip past
+  `2 maxexp - 2`: inf and beyond above the range) and #311 (upper clip
+  `2 maxexp - 3`: 2^(maxexp - 2) at the top), numbered in `pre.py`'s
+  `_power_of_two` at d00f29e (moved here by 2305c0b); each seen to fail
+  with the mutant applied by hand to `base.power_of_two`."""
+  from prfl_jax.aggregators import base
+
+  def check_dtype(dtype):
+    info = jnp.finfo(dtype)
+    k = np.arange(info.minexp - 3, info.maxexp + 3)
+    got = jax.jit(base.power_of_two, static_argnums=1)(jnp.asarray(k), dtype)
+    want = np.where(k < info.minexp, 0.0,
+                    np.ldexp(1.0, np.minimum(k, info.maxexp - 1)))
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(np.asarray(got, np.float64), want)
+
+  for dtype in (jnp.float16, jnp.bfloat16, jnp.float32):
+    check_dtype(dtype)
+  with jax.enable_x64(True):
+    check_dtype(jnp.float64)
+
+  times = jax.jit(base.times_power_of_two)
+  rows = np.array([[3e38, -1e30], [1e31, 0.0]], np.float32)
+  np.testing.assert_array_equal(times(jnp.asarray(rows), -128),
+                                np.ldexp(rows.astype(np.float64), -128))
+  rows = np.array([[3e38, -1e30], [3e-37, 1e-37]], np.float32)
+  np.testing.assert_array_equal(
+      times(jnp.asarray(rows), jnp.array([-128, 100])),
+      np.ldexp(rows.astype(np.float64), [[-128], [100]]))
+  out = times({"a": jnp.array([[2.0**40]]),
+               "h": jnp.array([[1024.0]], jnp.float16)}, -41)
+  assert float(out["a"][0, 0]) == 0.5 and float(out["h"][0, 0]) == 0.0
+  out = times({"h": jnp.zeros((1, 1), jnp.float16)}, 31)
+  np.testing.assert_array_equal(np.asarray(out["h"], np.float32), [[0.0]])
