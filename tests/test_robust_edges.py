@@ -11,6 +11,7 @@ from prfl_jax import aggregators
 from prfl_jax.aggregators import base
 from prfl_jax.aggregators import signs
 from prfl_jax.aggregators import spectral
+from tests.test_aggregators import np_centered_clipping
 from tests.test_aggregators import np_geometric_median
 
 
@@ -1267,3 +1268,27 @@ def test_power_of_two_is_exact_in_range_zero_below_and_the_largest_above():
   assert float(out["a"][0, 0]) == 0.5 and float(out["h"][0, 0]) == 0.0
   out = times({"h": jnp.zeros((1, 1), jnp.float16)}, 31)
   np.testing.assert_array_equal(np.asarray(out["h"], np.float32), [[0.0]])
+
+
+@pytest.mark.parametrize("scale", [1e19, 1e-22])
+def test_weiszfeld_and_centered_clipping_distances_survive_overflow_and_underflow(
+    scale):
+  """Rows (0, 0), (1, 0), (0, 1), (4, 4), (3, 0) times c: the geometric
+  median (10 Weiszfeld steps, eps 1e-30) and centered clipping (radius c,
+  3 steps from the median (1, 0) c) are c times the float64 NumPy
+  references at c = 1, (0.9622, 0.2690) and (0.9343, 0.4730). At c = 1e19
+  the squared distances overflow float32 and at c = 1e-22 they underflow
+  to 0, yet the distances are right. Seen to fail with `sqrt` of the
+  squared distances (main before this test: 1e19 gave (0.2315, 0.2264) c
+  and (0.3894, 0.2974) c, the overflowing rows' weights and clip factors
+  0; 1e-22 gave the mean, (1.6, 1) c, every distance 0)."""
+  x = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [4.0, 4.0], [3.0, 0.0]])
+  w = np.ones(5)
+  xc = jnp.asarray(scale * x, jnp.float32)
+  np.testing.assert_allclose(
+      jax.jit(aggregators.geometric_median(10, eps=1e-30))(xc),
+      scale * np_geometric_median(x, w, 10, 1e-30), rtol=1e-5)
+  np.testing.assert_allclose(
+      jax.jit(aggregators.centered_clipping(scale, 3))(xc),
+      scale * np_centered_clipping(x, w, 1.0, 3, np.median(x, axis=0)),
+      rtol=1e-5)

@@ -19,6 +19,24 @@ PyTree = base.PyTree
 Aggregator = base.Aggregator
 
 
+def _distances(sq: jax.Array, diff: PyTree) -> jax.Array:
+  """`[N]` distances: `sqrt(sq)`, `sq` the squared norms of the rows of
+  `diff`, unless one of them overflowed (inf: float32 entries ~1e19) or
+  underflowed (a nonzero row's below the smallest normal number, 0 on CPU
+  for entries ~1e-22); then `base.row_norms(diff)`, its NaN (from entries
+  that overflow themselves) read as inf. In `lax.cond`, so the scale-safe
+  norms' extra pass runs only then; otherwise `sqrt(sq)` as before, bit
+  for bit.
+  """
+  tiny = jnp.finfo(sq.dtype).tiny
+  fine = jnp.isfinite(sq) & ((sq >= tiny) | (base.row_peaks(diff) == 0))
+
+  def safe(_):
+    norms = base.row_norms(diff)
+    return jnp.where(jnp.isnan(norms), jnp.inf, norms)
+  return lax.cond(jnp.all(fine), jnp.sqrt, safe, sq)
+
+
 def geometric_median(num_iters: int, eps: float = 1e-8) -> Aggregator:
   """Geometric median by smoothed Weiszfeld iterations (RFA).
 
@@ -45,7 +63,8 @@ def geometric_median(num_iters: int, eps: float = 1e-8) -> Aggregator:
 
     def body(_, z):
       d2 = tree_lib.sq_distances(zeroed, jax.tree.map(lambda v: v[None], z))
-      dist = jnp.sqrt(d2[:, 0])
+      dist = _distances(d2[:, 0], jax.tree.map(lambda x, c: x - c[None],
+                                               zeroed, z))
       beta = jnp.where(present, weights / jnp.maximum(eps, dist), 0.0)
       return tree_lib.weighted_mean(zeroed, beta)
 
@@ -93,7 +112,7 @@ def centered_clipping(radius: float, num_iters: int,
 
     def body(_, v):
       diff = jax.tree.map(lambda x, c: x - c[None], zeroed, v)
-      norm = jnp.sqrt(tree_lib.sq_norms(diff))
+      norm = _distances(tree_lib.sq_norms(diff), diff)
       coef = share * jnp.minimum(1.0, radius / jnp.maximum(norm, 1e-30))
       return jax.tree.map(
           lambda c, d: c + jnp.tensordot(coef.astype(d.dtype), d, axes=1),
