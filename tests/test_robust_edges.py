@@ -1292,3 +1292,39 @@ def test_weiszfeld_and_centered_clipping_distances_survive_overflow_and_underflo
       jax.jit(aggregators.centered_clipping(scale, 3))(xc),
       scale * np_centered_clipping(x, w, 1.0, 3, np.median(x, axis=0)),
       rtol=1e-5)
+
+
+@pytest.mark.parametrize("scale", [1e19, 1e-22])
+def test_caf_dnc_and_smea_filter_rows_whose_squares_overflow_or_underflow(
+    scale):
+  """Rows (9, 9), (0, 0), (1, 0), (0, 1), (1, 1) times c, f = 1: CAF, DnC
+  and SMEA are c times the float64 NumPy references at c = 1
+  (`tests/reference_robust.py`; DnC and SMEA drop (9, 9): (0.5, 0.5)). At
+  c = 1e19 the Gram matrix overflows float32 and at c = 1e-22 it underflows
+  to 0; the rules now take it on the rows times a power of two. Seen to
+  fail before (main at 7b476b9: CAF (2.2, 2.2) c at both scales, the mean;
+  DnC (2.5, 2.5) c, rows 0-3 kept by index; SMEA passed there, scaled from
+  the median row since 7b476b9)."""
+  from tests import reference_robust as ref
+  x = np.array([[9.0, 9.0], [0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+  w = np.ones(5)
+  xc = jnp.asarray(scale * x, jnp.float32)
+  for rule, want in ((aggregators.caf(1), ref.caf(x, w, 1)),
+                     (aggregators.dnc(1), ref.dnc(x, w, 1)),
+                     (aggregators.smea(1), ref.smea(x, w, 1))):
+    np.testing.assert_allclose(jax.jit(rule)(xc), scale * want, rtol=1e-5)
+
+
+def test_caf_dnc_and_smea_drop_one_row_whose_gram_entries_overflow():
+  """Rows (1e35, 1e35), (0, 0), (1, 0), (0, 1), (1, 1), f = 1: each rule
+  drops the first row and averages the others, (0.5, 0.5) (by hand: the
+  only subset of 4 without it is the unit square; for CAF and DnC that row
+  carries all the variance). Their Gram matrices are taken on the rows
+  times the power of two that brings the largest entry to [0.5, 1), so no
+  entry is inf. Seen to fail with inf entries (main at 1722bff: CAF's and
+  DnC's unscaled Gram, SMEA's scaled from the median row, every
+  eigendecomposition NaN: (2e34, 2e34), (2.5e34, 2.5e34) twice)."""
+  x = jnp.array([[1e35, 1e35], [0.0, 0.0], [1.0, 0.0], [0.0, 1.0],
+                 [1.0, 1.0]])
+  for rule in (aggregators.caf(1), aggregators.dnc(1), aggregators.smea(1)):
+    np.testing.assert_allclose(jax.jit(rule)(x), [0.5, 0.5], rtol=1e-6)

@@ -168,6 +168,24 @@ def median_peak_exponent(points: PyTree) -> jax.Array:
   return -e
 
 
+def max_peak_exponent(points: PyTree) -> jax.Array:
+  """k (an int32 scalar): 2^k brings the largest |entry| of all rows into
+  [0.5, 1); 0 when all are 0 or one is not finite.
+
+  With the rows times 2^k no square or inner product overflows, so a Gram
+  matrix of them is finite (an eigendecomposition of one with inf entries
+  is NaN throughout); rows below ~1e-19 of the largest flush to 0. For
+  rules that rank rows by their distances `median_peak_exponent` keeps the
+  small rows apart instead.
+  """
+  peaks = row_peaks(points)
+  if peaks.shape[0] == 0:
+    return jnp.zeros((), jnp.int32)
+  _, e = jnp.frexp(jnp.max(peaks.astype(
+      jnp.result_type(peaks, jnp.float32))))
+  return -e
+
+
 def scaled_sq_distances(points: PyTree) -> jax.Array:
   """`[N, N]`: the squared distances times 2^(2k), for comparisons.
 

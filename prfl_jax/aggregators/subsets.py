@@ -51,17 +51,16 @@ def _subsets(n: int, num_byzantine: int, max_subsets: int, rule: str):
 
 
 def _best_subset(messages, weights, num_byzantine, max_subsets, rule,
-                 spread):
-  """Mean of the valid subset of least `spread(keep [N], gram, weights)`."""
+                 spread, exponent):
+  """Mean of the valid subset of least `spread(keep [N], gram, weights)`,
+  the Gram matrix taken on the rows times 2^exponent(rows)."""
   n = tree_lib.num_leading(messages, "messages")
   keep = _subsets(n, num_byzantine, max_subsets, rule)
   n, weights, present, zeroed = base.prepare(messages, weights)
-  # The rows times one power of two (their median largest |entry| brought
-  # to [0.5, 1)): every spread is scaled alike, exactly, and the rows'
-  # squares neither overflow nor underflow unless they are ~1e19 times
-  # apart; a spread that overflows (NaN from inf - inf) counts as inf.
-  g = tree_lib.gram(base.times_power_of_two(
-      zeroed, base.median_peak_exponent(zeroed)))
+  # The rows times one power of two: every spread is scaled alike, exactly,
+  # and the rows' squares neither overflow nor underflow unless they are
+  # ~1e19 times apart; a spread that overflows (NaN) counts as inf.
+  g = tree_lib.gram(base.times_power_of_two(zeroed, exponent(zeroed)))
   valid = jnp.all(keep | present[None, :], axis=1)
   cost = lax.map(lambda k: spread(k & present, g, weights), keep,
                  batch_size=256)
@@ -70,14 +69,15 @@ def _best_subset(messages, weights, num_byzantine, max_subsets, rule,
   return base.selected_mean(zeroed, weights, keep[best] & present)
 
 
-def _subset_rule(num_byzantine, max_subsets, rule, spread) -> Aggregator:
+def _subset_rule(num_byzantine, max_subsets, rule, spread,
+                 exponent) -> Aggregator:
   """The aggregator that averages the valid subset of least `spread`."""
   validation.check_positive_int(num_byzantine, "num_byzantine", minimum=0)
   validation.check_positive_int(max_subsets, "max_subsets")
 
   def agg(messages: PyTree, weights: Optional[jax.Array] = None) -> PyTree:
     return _best_subset(messages, weights, num_byzantine, max_subsets, rule,
-                        spread)
+                        spread, exponent)
   return agg
 
 
@@ -116,7 +116,10 @@ def mda(num_byzantine: int, *, max_subsets: int = MAX_SUBSETS) -> Aggregator:
     El Mhamdi, Guerraoui, Guirguis, Hoang and Rouault, 2020, "Genuinely
     Distributed Byzantine Machine Learning", PODC (MDA); ByzFL's `MDA`.
   """
-  return _subset_rule(num_byzantine, max_subsets, "MDA", _diameter)
+  # Scaled from the median row: a huge row does not flush the others'
+  # distances (`base.median_peak_exponent`).
+  return _subset_rule(num_byzantine, max_subsets, "MDA", _diameter,
+                      base.median_peak_exponent)
 
 
 def smea(num_byzantine: int, *, max_subsets: int = MAX_SUBSETS) -> Aggregator:
@@ -145,4 +148,7 @@ def smea(num_byzantine: int, *, max_subsets: int = MAX_SUBSETS) -> Aggregator:
     Privacy-Robustness-Utility Trilemma in Distributed Learning", ICML
     (SMEA).
   """
-  return _subset_rule(num_byzantine, max_subsets, "SMEA", _top_eigenvalue)
+  # Scaled from the largest entry: a Gram matrix with inf entries makes
+  # every subset's eigendecomposition NaN (`base.max_peak_exponent`).
+  return _subset_rule(num_byzantine, max_subsets, "SMEA", _top_eigenvalue,
+                      base.max_peak_exponent)
