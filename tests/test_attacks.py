@@ -352,3 +352,22 @@ def test_alie_traps_one_fc_client_within_the_papers_bound():
     for ids, attack in [((3, 7), None), ((7,), alie)]:
       _, b, _, e = _fc_synthetic(ids, attack)
       assert e[~b].max() < 1e-4, (ids, e)
+
+
+@pytest.mark.parametrize("scale", [1e19, 1e-22])
+def test_alie_std_of_benign_rows_whose_squares_overflow_or_underflow(scale):
+  """Benign rows (0, 1), (2, 1), (4, -2) and (6, -2) times c, two Byzantine
+  rows at 9 c: mean (3, -0.5) c and std (sqrt(5), 1.5) c by hand, so ALIE
+  with z = 1 sends (3 - sqrt(5), -2) c. At c = 1e19 the squared deviations
+  (9e38) overflow float32 and at c = 1e-22 they underflow to 0. Seen to
+  fail with the squares taken as given (main at 49d1d10: NaN at 1e19, the
+  squares inf, and the Byzantine rows' inf times their weight 0; the mean
+  (3, -0.5) c at 1e-22, the std 0)."""
+  x = np.array([[0.0, 1.0], [2.0, 1.0], [4.0, -2.0], [6.0, -2.0],
+                [9.0, 9.0], [9.0, 9.0]])
+  byz = jnp.arange(6) >= 4
+  out = np.asarray(jax.jit(prfl.attacks.alie(z=1.0))(
+      jnp.asarray(scale * x, jnp.float32), byz, jax.random.key(0)))
+  np.testing.assert_allclose(out[4:] / scale,
+                             [[3.0 - np.sqrt(5.0), -2.0]] * 2, rtol=1e-6)
+  np.testing.assert_allclose(out[:4] / scale, x[:4], rtol=1e-7)
