@@ -504,3 +504,24 @@ def test_fang_krum_bound_and_search_at_scales_whose_squares_overflow_or_underflo
   np.testing.assert_allclose(out[4:], [[-scale * lam0 / 4, 0.0]] * 2,
                              rtol=1e-6)
   np.testing.assert_array_equal(out[:4], msgs[:4])
+
+
+@pytest.mark.parametrize("use_sum", [False, True])
+@pytest.mark.parametrize("scale", [1e19, 1e-22])
+def test_min_max_bound_at_scales_whose_squares_overflow_or_underflow(
+    use_sum, scale):
+  """Benign -c and c, a Byzantine row 5 c, gamma_init 1, 3 steps: p = -std
+  = -c, and gamma 1 fits (squared gaps 0 and 4 c^2 against the bound 4 c^2,
+  sum and max alike) while 1.5 (0.25, 6.25) and 1.25 (0.0625, 5.0625) do
+  not, so -c is sent, by hand. At c = 1e19 the squares overflow float32
+  and at c = 1e-22 they underflow to 0. Seen to fail with the distances
+  taken on the rows as given (main at bbd1ebb: bound and gaps inf, or all
+  0, so every gamma fits and -1.75 c is sent)."""
+  attack = prfl.attacks.min_sum if use_sum else prfl.attacks.min_max
+  messages = jnp.asarray(scale * np.array([[-1.0], [1.0], [5.0]]),
+                         jnp.float32)
+  byzantine = jnp.array([False, False, True])
+  out = jax.jit(attack(gamma_init=1.0, steps=3))(messages, byzantine,
+                                                 jax.random.key(0))
+  np.testing.assert_allclose(np.asarray(out)[:, 0] / scale, [-1.0, 1.0, -1.0],
+                             rtol=1e-6)

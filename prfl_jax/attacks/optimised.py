@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from prfl_jax import clustering
 from prfl_jax import tree as tree_lib
 from prfl_jax import validation
+from prfl_jax.aggregators import base as agg_base
 from prfl_jax.attacks import base
 
 Attack = base.Attack
@@ -224,7 +225,9 @@ def _perturbation(kind: str, mean, std):
     return jax.tree.map(jnp.negative, std)
   if kind == "sign":
     return jax.tree.map(lambda m: -jnp.sign(m), mean)
-  norm = jnp.sqrt(tree_lib.sq_norms(jax.tree.map(lambda m: m[None], mean)))[0]
+  # Scale-safe: sqrt of the squared norm where that is usable, else from
+  # the mean brought to largest |entry| 1 (a mean ~1e19 keeps its norm).
+  norm = agg_base.row_norms(jax.tree.map(lambda m: m[None], mean))[0]
   return jax.tree.map(lambda m: -m / jnp.maximum(norm, 1e-30), mean)
 
 
@@ -245,7 +248,15 @@ def _min_max_sum(use_sum: bool, perturbation: str, gamma_init: float,
     benign = ~byzantine
     mean, std = base.benign_stats(messages, byzantine)
     p = _perturbation(perturbation, mean, std)
-    g = tree_lib.gram(messages)
+    # Distances among the benign rows times one power of two 2^k (their
+    # largest |entry| brought to [0.5, 1)), and the bad vector's gaps to them
+    # the same: exact, the comparisons with the bound unchanged, and no
+    # square overflows (or underflows) for float32 rows ~1e19 (~1e-22).
+    benign_rows = tree_lib.where(benign, messages,
+                                 jax.tree.map(jnp.zeros_like, messages))
+    k = agg_base.max_peak_exponent(benign_rows)
+    scaled = agg_base.times_power_of_two(benign_rows, k)
+    g = tree_lib.gram(scaled)
     sq = jnp.diagonal(g)
     pair = benign[:, None] & benign[None, :]
     d2 = jnp.where(pair, jnp.maximum(sq[:, None] + sq[None, :] - 2 * g, 0), 0)
@@ -253,7 +264,8 @@ def _min_max_sum(use_sum: bool, perturbation: str, gamma_init: float,
 
     def fits(gamma):
       bad = jax.tree.map(lambda m, s: (m + gamma * s)[None], mean, p)
-      gaps = tree_lib.sq_distances(messages, bad)[:, 0]
+      gaps = tree_lib.sq_distances(scaled,
+                                   agg_base.times_power_of_two(bad, k))[:, 0]
       gaps = jnp.where(benign, gaps, 0.0)
       return (jnp.sum(gaps) if use_sum else jnp.max(gaps)) <= bound
 
