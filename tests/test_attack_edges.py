@@ -525,3 +525,21 @@ def test_min_max_bound_at_scales_whose_squares_overflow_or_underflow(
                                                  jax.random.key(0))
   np.testing.assert_allclose(np.asarray(out)[:, 0] / scale, [-1.0, 1.0, -1.0],
                              rtol=1e-6)
+
+
+@pytest.mark.parametrize("scale", [1e19, 1e-22])
+def test_jittered_moves_rows_whose_squares_overflow_or_underflow(scale):
+  """The one-coordinate jitter case above times c: every Byzantine row is
+  -0.9 x_j or -1.1 x_j times c, moved by exactly 0.1 of its norm. At c =
+  1e19 the rows' squares overflow float32 (ratio inf: rows inf on
+  main at 5dfdd1f) and at c = 1e-22 they underflow (ratio 0: rows left at
+  -x_j c); seen to fail there."""
+  x = jnp.asarray(scale * np.arange(1.0, 11.0)[:, None], jnp.float32)
+  byzantine = jnp.arange(10) >= 2
+  out = np.asarray(jax.jit(prfl.attacks.jittered(prfl.attacks.bit_flip(),
+                                                 0.1))(x, byzantine,
+                                                       jax.random.key(4)))
+  want = np.arange(1.0, 11.0)
+  np.testing.assert_allclose(out[:2, 0] / scale, want[:2], rtol=1e-7)
+  np.testing.assert_allclose(np.abs(out[2:, 0] / scale + want[2:]),
+                             0.1 * want[2:], rtol=1e-5)

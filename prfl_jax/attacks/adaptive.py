@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from prfl_jax import tree as tree_lib
+from prfl_jax.aggregators import base as agg_base
 from prfl_jax.attacks import base
 
 Attack = base.Attack
@@ -50,8 +51,16 @@ def jittered(attack: Attack, scale: float = 0.01) -> Attack:
     keys = jax.random.split(jax.random.fold_in(key, 1), len(leaves))
     noise = jax.tree.unflatten(treedef, [
         jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)])
-    ratio = scale * jnp.sqrt(tree_lib.sq_norms(bad) / jnp.maximum(
-        tree_lib.sq_norms(noise), 1e-30))
+    # ||b_j|| / ||e_j|| with b_j brought to largest |entry| in [0.5, 1) by
+    # its own power of two 2^k_j and the ratio multiplied back by 2^-k_j
+    # (k_j = 0 for rows not finite): exact, so as before where ||b_j||^2
+    # neither overflows nor underflows, and right for rows ~1e19 or ~1e-22.
+    peaks = agg_base.row_peaks(bad)
+    _, e = jnp.frexp(peaks.astype(jnp.result_type(peaks, jnp.float32)))
+    ratio = scale * jnp.sqrt(tree_lib.sq_norms(
+        agg_base.times_power_of_two(bad, -e)) / jnp.maximum(
+            tree_lib.sq_norms(noise), 1e-30))
+    ratio = agg_base.times_power_of_two(ratio, e)
     moved = jax.tree.map(
         lambda b, e: b + ratio.reshape((-1,) + (1,) * (b.ndim - 1)).astype(
             b.dtype) * e, bad, noise)
