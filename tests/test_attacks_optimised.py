@@ -104,6 +104,35 @@ def test_optimised_attacks_replay_byzfl(kind):
   np.testing.assert_array_equal(out[~byz], x[~byz])
 
 
+
+@pytest.mark.parametrize("scale", [1e19, 1e-22])
+@pytest.mark.parametrize("kind", ["alie", "ipm"])
+def test_optimised_attacks_replay_byzfl_at_scales_whose_squares_overflow_or_underflow(
+    kind, scale):
+  """The replay above with every message times c: the objective is
+  scale-equivariant, so the replayed tau (10) and c times its vector are
+  sent. At c = 1e-22 the objective's squares underflow float32 to 0; seen
+  to fail with `sqrt(sq_norms)` there (main at 79e3ea3: every objective 0,
+  no step improves, tau 0: the benign mean (ALIE) or 0 (IPM) sent); at
+  c = 1e19 it passed there too."""
+  msgs = jax.tree.map(
+      lambda v: jnp.asarray(np.asarray(v, np.float64) * scale, jnp.float32),
+      _messages())
+  x, byz = _flat(msgs) / scale, np.asarray(BYZ)
+  honest = x[~byz]
+  if kind == "alie":
+    vec = lambda t: honest.mean(0) + t * honest.std(0, ddof=1)
+    make = attacks.optimised_alie
+  else:
+    vec = lambda t: -t * honest.mean(0)
+    make = attacks.optimised_ipm
+  attack = make(attacks.aggregator_objective(prfl.aggregators.median()))
+  objective = _np_objective_median(x, byz)
+  tau = byzfl_line_search(lambda t: objective(vec(t)))
+  out = _flat(jax.jit(attack)(msgs, BYZ, jax.random.key(0))) / scale
+  np.testing.assert_allclose(out[byz], np.repeat(vec(tau)[None], F, 0),
+                             rtol=1e-4, atol=1e-4)
+
 def test_in_span_search_matches_the_full_search():
   """The search on `span_coordinates` keeps every distance between rows
   (hence any objective of distances alone, such as `threshold_objective`:
