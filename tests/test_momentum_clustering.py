@@ -455,6 +455,55 @@ def test_worst_pick_takes_the_members_with_the_highest_scores_in_order():
   np.testing.assert_array_equal(jnp.argmax(weights, axis=1)[1:3], [1, 4])
 
 
+def test_worst_pick_with_more_dead_centres_than_members_repeats_the_last():
+  """More dead centres than members of the largest cluster: centres 1, 2
+  and 3 are empty and coincide with centre 0, whose members are clients 1
+  (score NaN, momentum -1) and 2 (score 2, momentum 3); client 0 (score NaN,
+  momentum 10) is centre 4's. By hand: the finite score ranks first, the
+  NaN member next, the non-member last; the dead centres take ranks 0, 1,
+  1 (capped at the last member): centre 1 moves to 3, centres 2 and 3 to
+  -1, and the non-member is never picked. With one member (client 1 of
+  the second case, centre 0; client 0 at 10 is centre 3's) both dead
+  centres take it. Kills session 17's new-code survivors (numbers at
+  d00f29e) #469 (a NaN member ranked first: -1, 3, 3), #472 (cap `count +
+  1`: 3, -1, 10), #475 and #476 (cap `max(count, 2) - 1` / `count - 2`:
+  10 for the second dead centre of one member; 3, 3, 3), each of which
+  passes the two test files the preset runs and fails here (by hand)."""
+  centers = jnp.array([[0.0], [0.0], [0.0], [0.0], [-20.0]])
+  msgs = jnp.array([[10.0], [-1.0], [3.0]])
+  assignment = jnp.array([4, 0, 0])
+  scores = jnp.array([jnp.nan, jnp.nan, 2.0])
+  new, dead, weights = _reseed_jit(centers, msgs, assignment,
+                                   jax.random.key(0), pick="worst",
+                                   scores=scores)
+  np.testing.assert_array_equal(dead, [False, True, True, True, False])
+  np.testing.assert_array_equal(new[:, 0], [0.0, 3.0, -1.0, -1.0, -20.0])
+  np.testing.assert_array_equal(jnp.argmax(weights, axis=1)[1:4], [2, 1, 1])
+  new, dead, _ = _reseed_jit(
+      jnp.array([[0.0], [0.0], [0.0], [-20.0]]), jnp.array([[10.0], [-1.0]]),
+      jnp.array([3, 0]), jax.random.key(0), pick="worst",
+      scores=jnp.array([1.0, 3.0]))
+  np.testing.assert_array_equal(dead, [False, True, True, False])
+  np.testing.assert_array_equal(new[:, 0], [0.0, -1.0, -1.0, -20.0])
+
+
+def test_split_pick_moves_a_dead_centre_to_a_half_of_one_member():
+  """The largest cluster holds momenta -1 and 4 at centre 0 (centre 1 is
+  empty and coincides with it; client 2, momentum 10, is centre 2's): the
+  farthest pair is 4 and -1, each its own half, and the farther half {4}
+  is a single member, so centre 1 moves to 4 with weight 1 on client 1.
+  Kills session 17's new-code survivor #483 (numbers at d00f29e; the
+  half's weights divided by `max(size, 2)`: 2), which passes the two test
+  files the preset runs and fails here (by hand)."""
+  centers = jnp.array([[0.0], [0.0], [10.0]])
+  msgs = jnp.array([[-1.0], [4.0], [10.0]])
+  new, dead, weights = _reseed_jit(centers, msgs, jnp.array([0, 0, 2]),
+                                   jax.random.key(0), pick="split")
+  np.testing.assert_array_equal(dead, [False, True, False])
+  np.testing.assert_array_equal(new[:, 0], [0.0, 4.0, 10.0])
+  np.testing.assert_array_equal(weights[1], [0.0, 1.0, 0.0])
+
+
 def test_reseed_pick_is_checked():
   with pytest.raises(ValueError, match="reseed_pick"):
     prfl.algorithms.momentum_clustering(
