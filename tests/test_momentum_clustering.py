@@ -568,6 +568,28 @@ def test_split_pick_moves_a_dead_centre_to_a_half_of_one_member():
   np.testing.assert_array_equal(weights[1], [0.0, 1.0, 0.0])
 
 
+def test_worst_pick_breaks_score_ties_towards_the_lower_index():
+  """Seventeen clients, all in the largest cluster (centre 0; centres 1
+  and 2 coincide with it), with scores 0 and -1 (the 0s at clients 0, 1,
+  3, 9, 10, 11): the two dead centres take the members with the highest
+  score, ties to the lower index, clients 0 and 1 (momenta 1 and 2).
+  Kills session 17's new-code survivor algorithms #471 (d00f29e; the
+  ranking's `argsort(..., stable=True)` -> `False`: XLA's CPU sort then
+  gives 1, 0 on these 17), which passes the two test files the preset runs
+  and fails here (by hand); ties among fewer rows came out in order
+  either way."""
+  zeros = [0, 1, 3, 9, 10, 11]
+  scores = -jnp.ones(17).at[jnp.array(zeros)].set(0.0)
+  msgs = jnp.arange(17, dtype=jnp.float32)[:, None] + 1.0
+  new, dead, weights = _reseed_jit(jnp.zeros((3, 1)), msgs,
+                                   jnp.zeros(17, jnp.int32),
+                                   jax.random.key(0), pick="worst",
+                                   scores=scores)
+  np.testing.assert_array_equal(dead, [False, True, True])
+  np.testing.assert_array_equal(new[:, 0], [0.0, 1.0, 2.0])
+  np.testing.assert_array_equal(jnp.argmax(weights, axis=1)[1:], [0, 1])
+
+
 def test_reseed_pick_is_checked():
   with pytest.raises(ValueError, match="reseed_pick"):
     prfl.algorithms.momentum_clustering(
