@@ -371,3 +371,26 @@ def test_alie_std_of_benign_rows_whose_squares_overflow_or_underflow(scale):
   np.testing.assert_allclose(out[4:] / scale,
                              [[3.0 - np.sqrt(5.0), -2.0]] * 2, rtol=1e-6)
   np.testing.assert_allclose(out[:4] / scale, x[:4], rtol=1e-7)
+
+
+@pytest.mark.parametrize("dtype,scale", [
+    ("float32", 1e30), ("float32", 1e-30), ("float16", 2.0**-23)])
+def test_benign_stats_splits_its_power_of_two_into_two_normal_factors(
+    dtype, scale):
+  """Benign rows (0, 1), (2, 1), (4, -2), (6, -2) times c (one Byzantine row
+  at 100 c): std (sqrt(5), 1.5) c by hand. The per-coordinate 2^-e is
+  applied as 2^(-e // 2) and 2^(-e - (-e // 2)), each a normal number; at
+  c = 1e30 and 1e-30 (e = +-100) and for float16 at c = 2^-23 (e = -21,
+  float16's normal exponents stop at -14 and 15) a lopsided split leaves
+  one factor outside the normal range. Seen to fail by hand: with
+  `low = e // 2` (session 17's new-code mutant attacks #12) NaN at 1e30 and
+  0 at 1e-30 and 2^-23; with `-e // 3` (#13) the float16 column 2 std 0."""
+  x = np.array([[0.0, 1.0], [2.0, 1.0], [4.0, -2.0], [6.0, -2.0],
+                [100.0, 100.0]])
+  byz = jnp.arange(5) >= 4
+  rows = jnp.asarray(x, dtype) * jnp.asarray(scale, dtype)
+  mean, std = jax.jit(prfl.attacks.base.benign_stats)(rows, byz)
+  np.testing.assert_allclose(np.asarray(mean, np.float64) / scale,
+                             [3.0, -0.5], rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(std, np.float64) / scale,
+                             [np.sqrt(5.0), 1.5], rtol=1e-6)
