@@ -1328,3 +1328,17 @@ def test_caf_dnc_and_smea_drop_one_row_whose_gram_entries_overflow():
                  [1.0, 1.0]])
   for rule in (aggregators.caf(1), aggregators.dnc(1), aggregators.smea(1)):
     np.testing.assert_allclose(jax.jit(rule)(x), [0.5, 0.5], rtol=1e-6)
+
+
+def test_times_power_of_two_splits_k_evenly_across_float16s_narrow_range():
+  """float16's normal exponents run from -14 to 15, so 2^+-28 exists only as
+  two factors 2^+-14: 2^14 times 2^-28 is 2^-14 and 2^-14 times 2^28 is
+  2^14, exactly. Seen to fail by hand with `low = k // 3` (session 17's
+  new-code mutant aggregators #49 at e75e650): 2^-18 is below float16's
+  normal range (taken as 0) and 2^19 above it (taken as 2^15), giving 0
+  and 2^10."""
+  times = jax.jit(base.times_power_of_two)
+  up = times(jnp.array([[2.0**-14]], jnp.float16), 28)
+  down = times(jnp.array([[2.0**14]], jnp.float16), -28)
+  assert up.dtype == down.dtype == jnp.float16
+  assert float(up[0, 0]) == 2.0**14 and float(down[0, 0]) == 2.0**-14
