@@ -1342,3 +1342,17 @@ def test_times_power_of_two_splits_k_evenly_across_float16s_narrow_range():
   down = times(jnp.array([[2.0**14]], jnp.float16), -28)
   assert up.dtype == down.dtype == jnp.float16
   assert float(up[0, 0]) == 2.0**14 and float(down[0, 0]) == 2.0**-14
+
+
+def test_peak_exponents_of_one_row_and_of_no_rows():
+  """One row (8, -3): its largest |entry| 8 is 0.5 x 2^4, so both exponents
+  are -4 by hand; no leaves: `row_peaks` is empty and the exponents 0.
+  Seen to fail by hand with session 17's new-code mutants aggregators #65
+  (`peaks.shape[0] == 1` in `median_peak_exponent`: 0 for one row) and #61
+  (`row_peaks` of no leaves `jnp.zeros((1,))`: shape (1,)) at e75e650."""
+  one = jnp.array([[8.0, -3.0]])
+  assert int(jax.jit(base.median_peak_exponent)(one)) == -4
+  assert int(jax.jit(base.max_peak_exponent)(one)) == -4
+  assert base.row_peaks({}).shape == (0,)
+  assert int(base.median_peak_exponent({})) == 0
+  assert int(base.max_peak_exponent({})) == 0
