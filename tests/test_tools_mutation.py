@@ -4,6 +4,7 @@ run by hand, not in CI)."""
 
 import ast
 import dataclasses
+import functools
 import json
 import shutil
 import signal
@@ -272,3 +273,35 @@ def test_each_worker_session_writes_its_own_persistent_cache(tmp_path):
   finally:
     workers.reset_persistent_cache()  # Back to the suite's own directory.
     jax.config.update("jax_compilation_cache_dir", saved)
+
+
+def test_worker_empties_the_project_caches_a_previous_session_filled():
+  """A test module's module-level `functools.cache` (e.g.
+  test_momentum_clustering.py's `_loss_alg`) outlives the pytest session in
+  a worker, so the algorithm built by one mutant's factory was reused under
+  the next mutants: session 17's false `algorithms` kills. Before each
+  session the worker empties the caches of project functions (tests,
+  library) and leaves the tool's and dependencies' alone. Seen to fail with
+  the clearing removed (the cache kept its entry)."""
+  calls = []
+
+  def make(module):
+    def built(x):
+      calls.append((module, x))
+      return x * 2
+    built.__module__ = module
+    return functools.cache(built)
+
+  test_cached = make("tests.test_fake_cached")
+  lib_cached = make("prfl_jax.fake_cached")
+  tool_cached = make("tools.mutation.fake_cached")
+  dep_cached = make("numpy.fake_cached")
+  for f in (test_cached, lib_cached, tool_cached, dep_cached):
+    assert f(3) == 6
+  assert workers.clear_project_caches() >= 2
+  assert test_cached.cache_info().currsize == 0
+  assert lib_cached.cache_info().currsize == 0
+  assert tool_cached.cache_info().currsize == 1
+  assert dep_cached.cache_info().currsize == 1
+  assert workers._is_project_module("test_momentum_clustering")
+  assert not workers._is_project_module("jax._src.util")

@@ -339,6 +339,38 @@ def reset_persistent_cache():
   compilation_cache.reset_cache()
 
 
+def _is_project_module(name: str) -> bool:
+  """A module of the library, the experiments, the benchmarks or the tests
+  (whose caches may hold what a mutant built), not of the tool or a
+  dependency."""
+  top = name.split(".")[0]
+  return (top in ("prfl_jax", "experiments", "benchmarks", "tests",
+                  "conftest") or name.split(".")[-1].startswith("test_"))
+
+
+def clear_project_caches() -> int:
+  """Empties every `functools` cache of a project function; returns how many.
+
+  A test module is imported once per worker, so a module-level cache (e.g.
+  tests/test_momentum_clustering.py's `_loss_alg`, tests/test_fc_defence.py's
+  and tests/test_ghost.py's `lru_cache`s) keeps what the first session that
+  called it built: an algorithm made by that session's mutated factory,
+  whose closures carry that mutant's code (not the clean code a later swap
+  replaces). Every later mutant's session reused it: session 17 found 35
+  `algorithms` kills credited to the two tests that call `_loss_alg`, 19 of
+  them surviving with the mutant written into the source. Cleared before
+  each session, as JAX's caches are.
+  """
+  import gc  # pylint: disable=g-import-not-at-top
+  cleared = 0
+  for obj in gc.get_objects():
+    if (isinstance(obj, functools._lru_cache_wrapper)  # pylint: disable=protected-access
+        and _is_project_module(getattr(obj, "__module__", None) or "")):
+      obj.cache_clear()
+      cleared += 1
+  return cleared
+
+
 def worker() -> int:
   """In-process worker: reads jobs (JSON lines) on stdin, answers on stdout.
 
@@ -367,6 +399,7 @@ def worker() -> int:
           if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))])
     jax.clear_caches()
     reset_persistent_cache()
+    clear_project_caches()
     try:
       status, seconds, failed, cpu = run_pytest_here(tests, job["timeout"])
     finally:
