@@ -1356,3 +1356,12 @@ def test_peak_exponents_of_one_row_and_of_no_rows():
   assert base.row_peaks({}).shape == (0,)
   assert int(base.median_peak_exponent({})) == 0
   assert int(base.max_peak_exponent({})) == 0
+
+
+def test_median_peak_exponent_leaves_zero_rows_out():
+  """Rows (0, 0), (0, 0), (8, 1): zero rows (absent clients) are left out,
+  so the median peak is 8 = 0.5 x 2^4 and the exponent -4 by hand. Seen to
+  fail by hand with session 17's new-code mutant aggregators #67 (`peaks >=
+  0`: the median peak 0, exponent 0) at 52c13e9."""
+  rows = jnp.array([[0.0, 0.0], [0.0, 0.0], [8.0, 1.0]])
+  assert int(jax.jit(base.median_peak_exponent)(rows)) == -4
